@@ -1,0 +1,43 @@
+# pyproxy developer tasks. `make install` then `make test` is the whole set-up.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+DEBS   := iptables ipset conntrack nftables iproute2 ipvsadm user-mode-linux procps kmod
+
+.PHONY: install debs test unit lint e2e bench demo cluster cluster-down clean
+
+install: debs $(BIN)/pyproxy
+
+debs:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then echo "installing Debian packages:$$missing"; \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; fi; \
+	else echo "not root or not Debian: install $(DEBS) yourself"; fi
+
+$(BIN)/pyproxy: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+test: $(BIN)/pyproxy
+	$(BIN)/pytest -q -rs
+
+unit: $(BIN)/pyproxy
+	$(BIN)/pytest -q tests/unit
+
+lint: $(BIN)/pyproxy
+	$(BIN)/ruff check pyproxy tests
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+demo: $(BIN)/pyproxy
+	$(BIN)/python -m tests.demo
+
+e2e: $(BIN)/pyproxy
+	tests/cluster/build.sh
+	@echo "e2e tests against the built control plane are not written yet (issue 4)"
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,140 @@
+"""The one place that runs the iptables tools: restore, save, and jump-rule checks.
+
+Shared by every mode that programs iptables (iptables, ipvs, userspace). Which back end
+(nf_tables or legacy) to drive is decided once at start: by flag, or by looking at which
+one already holds kube-proxy-style rules, falling back to whichever works (the user-mode
+Linux guest has no nf_tables for IPv4, so legacy is what works there).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+LOCK_WAIT_SECONDS = "5"
+BACKENDS = ("nft", "legacy")
+
+
+class IptablesError(RuntimeError):
+    def __init__(self, message: str, line: int | None = None) -> None:
+        super().__init__(message)
+        self.line = line
+
+
+@dataclass(frozen=True)
+class Iptables:
+    """Commands for one back end and one IP family."""
+
+    backend: str  # "nft" | "legacy"
+    ipv6: bool = False
+
+    def _tool(self, suffix: str = "") -> str:
+        base = "ip6tables" if self.ipv6 else "iptables"
+        return f"{base}-{self.backend}{suffix}"
+
+    @property
+    def family_name(self) -> str:
+        return "IPv6" if self.ipv6 else "IPv4"
+
+    def available(self) -> bool:
+        return shutil.which(self._tool("-restore")) is not None
+
+    def run(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        cmd = [self._tool(), "-w", LOCK_WAIT_SECONDS, *args]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if check and res.returncode != 0:
+            raise IptablesError(f"{' '.join(cmd)}: {res.stderr.strip() or res.returncode}")
+        return res
+
+    def restore(self, data: str, counters: bool = True, timeout: float = 300) -> None:
+        """One atomic iptables-restore --noflush transaction."""
+        cmd = [self._tool("-restore"), "-w", LOCK_WAIT_SECONDS, "--noflush"]
+        if counters:
+            cmd.append("--counters")
+        res = subprocess.run(cmd, input=data, capture_output=True, text=True, timeout=timeout)
+        if res.returncode != 0:
+            err = res.stderr.strip()
+            m = re.search(r"line:? (\d+)", err)
+            raise IptablesError(f"{self._tool('-restore')} failed: {err}",
+                                int(m.group(1)) if m else None)
+
+    def save(self, table: str, timeout: float = 120) -> str:
+        res = subprocess.run([self._tool("-save"), "-t", table], capture_output=True, text=True,
+                             timeout=timeout)
+        if res.returncode != 0:
+            raise IptablesError(f"{self._tool('-save')} -t {table}: {res.stderr.strip()}")
+        return res.stdout
+
+    def chain_exists(self, table: str, chain: str) -> bool:
+        return self.run("-t", table, "-S", chain, "1", check=False).returncode == 0
+
+    def ensure_chain(self, table: str, chain: str) -> None:
+        if not self.chain_exists(table, chain):
+            res = self.run("-t", table, "-N", chain, check=False)
+            if res.returncode != 0 and "exists" not in res.stderr:
+                raise IptablesError(f"cannot create {table}/{chain}: {res.stderr.strip()}")
+
+    def ensure_rule_first(self, table: str, chain: str, args: list[str]) -> None:
+        """Prepend ``args`` to ``chain`` unless an identical rule is already there."""
+        if self.run("-t", table, "-C", chain, *args, check=False).returncode != 0:
+            self.run("-t", table, "-I", chain, "1", *args)
+
+    def delete_rule(self, table: str, chain: str, args: list[str]) -> bool:
+        """Delete every copy of a rule; True if one existed."""
+        found = False
+        while self.run("-t", table, "-D", chain, *args, check=False).returncode == 0:
+            found = True
+        return found
+
+
+def chains_in_save(save_text: str) -> set[str]:
+    return {line[1:].split(" ", 1)[0] for line in save_text.splitlines() if line.startswith(":")}
+
+
+def _works(ipt: Iptables) -> bool:
+    if not ipt.available():
+        return False
+    try:
+        return ipt.run("-t", "nat", "-S", "POSTROUTING", check=False, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _kube_rule_count(ipt: Iptables) -> int:
+    try:
+        text = ipt.save("nat", timeout=30) + ipt.save("filter", timeout=30)
+    except (IptablesError, OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in text.splitlines() if "KUBE-" in line)
+
+
+def detect_backend(requested: str = "auto") -> str:
+    """Pick "nft" or "legacy"; raise IptablesError when neither can be used."""
+    if requested in BACKENDS:
+        if not _works(Iptables(requested)):
+            raise IptablesError(f"iptables back end {requested!r} is not usable on this host")
+        return requested
+    if requested != "auto":
+        raise IptablesError(f"unknown iptables back end {requested!r} (auto, nft, legacy)")
+    usable = [b for b in BACKENDS if _works(Iptables(b))]
+    if not usable:
+        raise IptablesError("neither iptables-nft nor iptables-legacy works on this host")
+    if len(usable) == 1:
+        return usable[0]
+    counts = {b: _kube_rule_count(Iptables(b)) for b in usable}
+    if counts["legacy"] > counts["nft"]:
+        log.info("iptables: legacy back end holds existing KUBE- rules; using it")
+        return "legacy"
+    return "nft"
+
+
+def extract_lines(data: str, line: int, context: int = 2) -> str:
+    """The offending restore line with a little context, for the log."""
+    lines = data.splitlines()
+    lo, hi = max(0, line - 1 - context), min(len(lines), line + context)
+    return "\n".join(f"{'>' if i + 1 == line else ' '}{i + 1:6d}: {lines[i]}" for i in range(lo, hi))

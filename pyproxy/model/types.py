@@ -1,0 +1,204 @@
+"""Immutable value objects for the proxy state.
+
+These mirror upstream kube-proxy's ``ServicePortName``, ``ServicePort`` and ``Endpoint``
+(pkg/proxy). Both IP families live in one ``ServicePort``; a backend picks its family with
+``for_family`` so the same state drives IPv4 and IPv6 rules.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+DEFAULT_STICKY_SECONDS = 10800
+ZONE_LABEL = "topology.kubernetes.io/zone"
+TO_BE_DELETED_TAINT = "ToBeDeletedByClusterAutoscaler"
+
+
+class Protocol(str, Enum):
+    TCP = "TCP"
+    UDP = "UDP"
+    SCTP = "SCTP"
+
+    @property
+    def lower(self) -> str:
+        return self.value.lower()
+
+
+class IPFamily(str, Enum):
+    IPV4 = "IPv4"
+    IPV6 = "IPv6"
+
+    @staticmethod
+    def of(addr: IPAddress | IPNetwork) -> IPFamily:
+        return IPFamily.IPV4 if addr.version == 4 else IPFamily.IPV6
+
+
+class TrafficPolicy(str, Enum):
+    CLUSTER = "Cluster"
+    LOCAL = "Local"
+
+
+@dataclass(frozen=True, order=True)
+class NamespacedName:
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, order=True)
+class ServicePortName:
+    """The key of everything: namespace/name:port-name plus protocol (as upstream)."""
+
+    service: NamespacedName
+    port: str
+    protocol: Protocol
+
+    def __str__(self) -> str:
+        # Upstream's ServicePortName.String(): the ":port" part is omitted for unnamed ports.
+        base = str(self.service)
+        return f"{base}:{self.port}" if self.port else base
+
+
+@dataclass(frozen=True)
+class ServicePort:
+    """One port of one Service, with everything that decides its rules."""
+
+    name: ServicePortName
+    cluster_ips: tuple[IPAddress, ...]
+    port: int
+    node_port: int = 0
+    external_ips: tuple[IPAddress, ...] = ()
+    load_balancer_ips: tuple[IPAddress, ...] = ()
+    load_balancer_source_ranges: tuple[IPNetwork, ...] = ()
+    session_affinity_client_ip: bool = False
+    sticky_max_age_seconds: int = DEFAULT_STICKY_SECONDS
+    external_policy_local: bool = False
+    internal_policy_local: bool = False
+    health_check_node_port: int = 0
+    traffic_distribution: str = ""
+
+    @property
+    def protocol(self) -> Protocol:
+        return self.name.protocol
+
+    @property
+    def externally_accessible(self) -> bool:
+        return self.node_port != 0 or bool(self.load_balancer_ips) or bool(self.external_ips)
+
+    @property
+    def uses_cluster_endpoints(self) -> bool:
+        # Upstream: !InternalPolicyLocal || (ExternallyAccessible && !ExternalPolicyLocal).
+        return not self.internal_policy_local or (
+            self.externally_accessible and not self.external_policy_local
+        )
+
+    @property
+    def uses_local_endpoints(self) -> bool:
+        return self.internal_policy_local or (
+            self.externally_accessible and self.external_policy_local
+        )
+
+    def cluster_ip(self, family: IPFamily) -> IPAddress | None:
+        for ip in self.cluster_ips:
+            if IPFamily.of(ip) is family:
+                return ip
+        return None
+
+    def for_family(self, family: IPFamily) -> ServicePort | None:
+        """The view of this port for one IP family, or None when it has no IP there."""
+        if self.cluster_ip(family) is None:
+            return None
+
+        def keep(items: tuple[IPAddress, ...]) -> tuple[IPAddress, ...]:
+            return tuple(i for i in items if IPFamily.of(i) is family)
+
+        return ServicePort(
+            name=self.name,
+            cluster_ips=keep(self.cluster_ips),
+            port=self.port,
+            node_port=self.node_port,
+            external_ips=keep(self.external_ips),
+            load_balancer_ips=keep(self.load_balancer_ips),
+            load_balancer_source_ranges=tuple(
+                n for n in self.load_balancer_source_ranges if IPFamily.of(n) is family
+            ),
+            session_affinity_client_ip=self.session_affinity_client_ip,
+            sticky_max_age_seconds=self.sticky_max_age_seconds,
+            external_policy_local=self.external_policy_local,
+            internal_policy_local=self.internal_policy_local,
+            health_check_node_port=self.health_check_node_port,
+            traffic_distribution=self.traffic_distribution,
+        )
+
+
+@dataclass(frozen=True, order=True)
+class Endpoint:
+    """One backend address of a service port, from an EndpointSlice."""
+
+    ip: IPAddress
+    port: int
+    ready: bool = True
+    serving: bool = True
+    terminating: bool = False
+    node_name: str = ""
+    zone: str = ""
+    zone_hints: frozenset[str] = field(default_factory=frozenset)
+    node_hints: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def family(self) -> IPFamily:
+        return IPFamily.of(self.ip)
+
+    def __str__(self) -> str:
+        # net.JoinHostPort form, which is also what upstream hashes into SEP chain names.
+        host = f"[{self.ip}]" if self.ip.version == 6 else str(self.ip)
+        return f"{host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What the proxy needs to know about its own node."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    deleting: bool = False
+    tainted_for_deletion: bool = False
+    exists: bool = True
+
+    @property
+    def zone(self) -> str:
+        return self.labels.get(ZONE_LABEL, "")
+
+    @property
+    def eligible(self) -> bool:
+        """Upstream's /healthz node eligibility: not being deleted nor drained by the autoscaler."""
+        return not self.deleting and not self.tainted_for_deletion
+
+
+@dataclass(frozen=True)
+class ProxyState:
+    """The full state a backend renders: every service port and its endpoints."""
+
+    services: Mapping[ServicePortName, ServicePort]
+    endpoints: Mapping[ServicePortName, tuple[Endpoint, ...]]
+    node: NodeInfo
+
+    def endpoints_for(self, name: ServicePortName, family: IPFamily) -> tuple[Endpoint, ...]:
+        return tuple(e for e in self.endpoints.get(name, ()) if e.family is family)
+
+    def sorted_services(self, family: IPFamily) -> list[ServicePort]:
+        """Service ports with an address in ``family``, in a stable order for rendering."""
+        out = []
+        for key in sorted(self.services, key=lambda k: (str(k), k.protocol.value)):
+            view = self.services[key].for_family(family)
+            if view is not None:
+                out.append(view)
+        return out

@@ -1,0 +1,108 @@
+"""Bounded-frequency runner: decides *when* a sync runs, never what it does.
+
+Guarantees, as upstream's BoundedFrequencyRunner: at most one run per ``min_interval``
+(requests in between coalesce into one), at least one run per ``max_interval``, and after a
+failed run a retry with exponential backoff (``retry_min`` doubling up to ``max_interval``).
+A failing function is logged and retried; it never ends the loop.
+
+The decision logic is in ``tick()``, driven by an injectable clock, so it is tested without
+threads or sleeps; ``loop()`` is the thin thread around it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+
+class BoundedFrequencyRunner:
+    def __init__(
+        self,
+        fn: Callable[[], None],
+        min_interval: float,
+        max_interval: float,
+        retry_min: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        name: str = "sync-runner",
+    ) -> None:
+        if max_interval <= 0 or min_interval < 0 or min_interval > max_interval:
+            raise ValueError("need 0 <= min_interval <= max_interval and max_interval > 0")
+        self._fn = fn
+        self.min_interval = min_interval
+        self.max_interval = max_interval
+        self.retry_min = max(retry_min, min_interval, 0.001)
+        self._clock = clock
+        self.name = name
+        self._cond = threading.Condition()
+        self._requested = True  # the first run happens as soon as allowed
+        self._last_run: float | None = None
+        self._retry_at: float | None = None
+        self._retry_delay = 0.0
+        self.runs = 0
+        self.failures = 0
+
+    def run(self) -> None:
+        """Ask for a run soon (coalesced with other requests within ``min_interval``)."""
+        with self._cond:
+            self._requested = True
+            self._cond.notify_all()
+
+    def next_due(self) -> float:
+        """Clock time at which the next run is due."""
+        with self._cond:
+            return self._next_due_locked()
+
+    def _next_due_locked(self) -> float:
+        if self._last_run is None:
+            return self._clock()
+        earliest = self._last_run + self.min_interval
+        due = self._last_run + self.max_interval
+        if self._requested:
+            due = earliest
+        if self._retry_at is not None:
+            due = min(due, max(self._retry_at, earliest))
+        return due
+
+    def tick(self) -> float:
+        """Run the function if it is due; return the seconds until the next check."""
+        with self._cond:
+            now = self._clock()
+            if now < self._next_due_locked():
+                return self._next_due_locked() - now
+            self._requested = False
+            self._retry_at = None
+            self._last_run = now
+        try:
+            self._fn()
+        except Exception as err:  # a sync failure must never end the loop
+            with self._cond:
+                self.failures += 1
+                self._retry_delay = min(
+                    self.max_interval, self._retry_delay * 2 if self._retry_delay else self.retry_min
+                )
+                self._retry_at = now + self._retry_delay
+            log.error("%s: sync failed (retrying in %.1fs): %s", self.name, self._retry_delay, err)
+        else:
+            with self._cond:
+                self._retry_delay = 0.0
+        finally:
+            with self._cond:
+                self.runs += 1
+        with self._cond:
+            return max(0.0, self._next_due_locked() - self._clock())
+
+    def loop(self, stop: threading.Event) -> None:
+        """Run until ``stop`` is set. Uses real time for waiting."""
+        while not stop.is_set():
+            delay = self.tick()
+            with self._cond:
+                if not stop.is_set() and delay > 0:
+                    self._cond.wait(timeout=min(delay, 1.0))
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()

@@ -1,0 +1,315 @@
+"""Change tracker: turns object events into the proxy state plus what changed since the last sync.
+
+Semantics follow upstream's ServiceChangeTracker / EndpointsChangeTracker: a change is judged
+against the state the last sync consumed, so add-then-delete of one object, or an update that
+changes nothing the proxy uses, leaves nothing pending. ``take()`` hands a sync the full state,
+the services whose rules changed (for partial syncs) and the timing data for latency metrics.
+
+Thread-safe: sources call ``apply`` from their threads; the runner calls ``take``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyproxy.model import convert
+from pyproxy.model.events import Event, EventType
+from pyproxy.model.types import (
+    Endpoint,
+    NamespacedName,
+    NodeInfo,
+    ProxyState,
+    ServicePort,
+    ServicePortName,
+)
+
+log = logging.getLogger(__name__)
+
+SliceKey = tuple[NamespacedName, str]  # (service, slice name)
+EndpointsOfService = dict[ServicePortName, tuple[Endpoint, ...]]
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What one sync receives from the tracker."""
+
+    state: ProxyState
+    changed_services: frozenset[NamespacedName]
+    """Services whose Service object or endpoints differ from the last sync."""
+    service_changes: int
+    endpoint_changes: int
+    node_changed: bool
+    trigger_times: Mapping[NamespacedName, tuple[float, ...]] = field(default_factory=dict)
+    """EndpointSlice last-change-trigger-time (wall clock) per changed service."""
+    first_seen: float | None = None
+    """Monotonic time the oldest change in this batch was seen (None if nothing changed)."""
+
+    @property
+    def changed_ports(self) -> frozenset[ServicePortName]:
+        return frozenset(
+            spn for spn in set(self.state.services) | set(self.state.endpoints)
+            if spn.service in self.changed_services
+        )
+
+
+def _merge_endpoints(slices: Sequence[convert.SliceInfo]) -> EndpointsOfService:
+    merged: dict[ServicePortName, dict[str, Endpoint]] = {}
+    for sl in slices:
+        for pname, proto, number in sl.ports:
+            spn = ServicePortName(sl.service, pname, proto)
+            bucket = merged.setdefault(spn, {})
+            for ep in sl.endpoints:
+                real = Endpoint(
+                    ip=ep.ip, port=number, ready=ep.ready, serving=ep.serving,
+                    terminating=ep.terminating, node_name=ep.node_name, zone=ep.zone,
+                    zone_hints=ep.zone_hints, node_hints=ep.node_hints,
+                )
+                key = str(real)
+                old = bucket.get(key)
+                if old is None or (real.ready and not old.ready):
+                    bucket[key] = real
+    return {spn: tuple(b[k] for k in sorted(b)) for spn, b in merged.items()}
+
+
+class ChangeTracker:
+    def __init__(self, node_name: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self._lock = threading.Lock()
+        self._clock = clock
+        self.node_name = node_name
+        self._services: dict[NamespacedName, tuple[ServicePort, ...]] = {}
+        self._slices: dict[NamespacedName, dict[str, convert.SliceInfo]] = {}
+        self._endpoints: dict[NamespacedName, EndpointsOfService] = {}
+        self._slice_keys: dict[NamespacedName, SliceKey] = {}  # slice object -> key
+        self._node = NodeInfo(name=node_name, exists=False)
+        self._synced_services: dict[NamespacedName, tuple[ServicePort, ...]] = {}
+        self._synced_endpoints: dict[NamespacedName, EndpointsOfService] = {}
+        self._synced_node_labels: Mapping[str, str] | None = None
+        self._pending_services: set[NamespacedName] = set()
+        self._pending_endpoints: set[NamespacedName] = set()
+        self._trigger_times: dict[NamespacedName, list[float]] = {}
+        self._first_seen: float | None = None
+        self._node_changed = False
+        self._synced_kinds: set[str] = set()
+        self._warned_orphans: set[NamespacedName] = set()
+        self.skipped: Counter[str] = Counter()
+        self.on_change: Callable[[], None] | None = None
+
+    # ---- input side -------------------------------------------------------------------
+
+    @property
+    def initialized(self) -> bool:
+        """Upstream syncs only once Services and EndpointSlices have both been listed."""
+        with self._lock:
+            return {"Service", "EndpointSlice"} <= self._synced_kinds
+
+    def apply(self, event: Event) -> bool:
+        """Apply one event; returns True when something the proxy uses changed."""
+        with self._lock:
+            changed = self._apply_locked(event)
+        if changed and self.on_change is not None:
+            self.on_change()
+        return changed
+
+    def _apply_locked(self, event: Event) -> bool:
+        if event.type is EventType.SYNCED:
+            first = event.kind not in self._synced_kinds
+            self._synced_kinds.add(event.kind)
+            return first
+        if event.type is EventType.REPLACE:
+            return self._replace_locked(event.kind, event.objects)
+        deleted = event.type is EventType.DELETED
+        if event.kind == "Service":
+            return self._on_service(event.obj, deleted)
+        if event.kind == "EndpointSlice":
+            return self._on_slice(event.obj, deleted)
+        if event.kind == "Node":
+            return self._on_node(event.obj, deleted)
+        log.warning("ignoring event for unknown kind %r", event.kind)
+        return False
+
+    def _replace_locked(self, kind: str, objects: Sequence[Mapping[str, Any]]) -> bool:
+        changed = False
+        keys = set()
+        for obj in objects:
+            try:
+                keys.add(convert.object_key(obj, kind))
+            except convert.BadObject:
+                pass
+        if kind == "Service":
+            for key in list(self._services):
+                if key not in keys:
+                    changed |= self._set_service(key, None)
+        elif kind == "EndpointSlice":
+            for key in list(self._slice_keys):
+                if key not in keys:
+                    changed |= self._drop_slice(key)
+        elif kind == "Node" and self.node_name not in {k.name for k in keys}:
+            changed |= self._on_node({"metadata": {"name": self.node_name}}, True)
+        for obj in objects:
+            changed |= self._apply_locked(Event(kind, EventType.MODIFIED, obj))
+        return changed
+
+    def _skip(self, err: convert.BadObject) -> None:
+        self.skipped[err.kind] += 1
+        log.error("skipping %s", err)
+
+    def _on_service(self, obj: Mapping[str, Any], deleted: bool) -> bool:
+        try:
+            key = convert.object_key(obj, "Service")
+            if deleted or convert.is_ignored_by_label(obj):
+                ports: tuple[ServicePort, ...] | None = None
+            else:
+                ports = convert.service_ports(obj)
+        except convert.BadObject as err:
+            self._skip(err)
+            return False  # keep whatever we had: a bad update never drops working rules
+        return self._set_service(key, ports or None)
+
+    def _set_service(self, key: NamespacedName, ports: tuple[ServicePort, ...] | None) -> bool:
+        before = self._services.get(key)
+        if ports is None:
+            self._services.pop(key, None)
+        else:
+            self._services[key] = ports
+        if before == ports:
+            return False
+        self._mark(self._pending_services, key, ports != self._synced_services.get(key))
+        return True
+
+    def _mark(self, pending: set[NamespacedName], key: NamespacedName, differs: bool) -> None:
+        if differs:
+            pending.add(key)
+            if self._first_seen is None:
+                self._first_seen = self._clock()
+        else:
+            pending.discard(key)
+
+    def _on_slice(self, obj: Mapping[str, Any], deleted: bool) -> bool:
+        try:
+            obj_key = convert.object_key(obj, "EndpointSlice")
+            if deleted or convert.is_ignored_by_label(obj):
+                return self._drop_slice(obj_key)
+            info = convert.endpoint_slice(obj)
+        except convert.BadObject as err:
+            self._skip(err)
+            return False
+        if info is None:
+            return self._drop_slice(obj_key)
+        key: SliceKey = (info.service, obj_key.name)
+        old_key = self._slice_keys.get(obj_key)
+        changed = False
+        if old_key is not None and old_key != key:  # relabelled to another service
+            changed |= self._drop_slice(obj_key)
+        before = self._endpoints.get(info.service, {})
+        self._slices.setdefault(info.service, {})[obj_key.name] = info
+        self._slice_keys[obj_key] = key
+        if info.trigger_time is not None:
+            self._trigger_times.setdefault(info.service, []).append(info.trigger_time)
+        return self._after_slice_change(info.service, before) or changed
+
+    def _drop_slice(self, obj_key: NamespacedName) -> bool:
+        key = self._slice_keys.pop(obj_key, None)
+        if key is None:
+            return False
+        svc, name = key
+        before = self._endpoints.get(svc, {})
+        slices = self._slices.get(svc, {})
+        slices.pop(name, None)
+        if not slices:
+            self._slices.pop(svc, None)
+        return self._after_slice_change(svc, before)
+
+    def _after_slice_change(self, svc: NamespacedName, before: EndpointsOfService) -> bool:
+        after = _merge_endpoints([s for _, s in sorted(self._slices.get(svc, {}).items())])
+        if after:
+            self._endpoints[svc] = after
+        else:
+            self._endpoints.pop(svc, None)
+        if after == before:
+            return False
+        self._mark(self._pending_endpoints, svc, after != self._synced_endpoints.get(svc, {}))
+        return True
+
+    def _on_node(self, obj: Mapping[str, Any], deleted: bool) -> bool:
+        try:
+            info = convert.node_info(obj)
+        except convert.BadObject as err:
+            self._skip(err)
+            return False
+        if info.name != self.node_name:
+            log.error("Node event for %s, but this proxy runs on %s; ignoring",
+                      info.name, self.node_name)
+            return False
+        if deleted:
+            info = NodeInfo(name=self.node_name, labels={}, exists=False)
+        if info == self._node:
+            return False
+        if dict(info.labels) != dict(self._node.labels):
+            self._node_changed = True  # topology labels: upstream forces a full sync
+            if self._first_seen is None:
+                self._first_seen = self._clock()
+        self._node = info
+        return True
+
+    # ---- output side ------------------------------------------------------------------
+
+    @property
+    def node(self) -> NodeInfo:
+        with self._lock:
+            return self._node
+
+    def pending_counts(self) -> tuple[int, int]:
+        """(service changes, endpoint changes) waiting for a sync."""
+        with self._lock:
+            return len(self._pending_services), len(self._pending_endpoints)
+
+    def current_state(self) -> ProxyState:
+        with self._lock:
+            return self._state_locked()
+
+    def _state_locked(self) -> ProxyState:
+        services: dict[ServicePortName, ServicePort] = {}
+        for ports in self._services.values():
+            for sp in ports:
+                services[sp.name] = sp
+        endpoints: dict[ServicePortName, tuple[Endpoint, ...]] = {}
+        for svc, merged in self._endpoints.items():
+            if svc not in self._services and svc not in self._warned_orphans:
+                self._warned_orphans.add(svc)
+                self.skipped["EndpointSlice"] += 1
+                log.info("EndpointSlices for unknown service %s: no rules until it exists", svc)
+            endpoints.update(merged)
+        self._warned_orphans &= set(self._endpoints)
+        return ProxyState(services=services, endpoints=endpoints, node=self._node)
+
+    def take(self) -> Changes:
+        """Consume everything pending: the returned state becomes the new 'last synced'."""
+        with self._lock:
+            state = self._state_locked()
+            changed = frozenset(self._pending_services | self._pending_endpoints)
+            result = Changes(
+                state=state,
+                changed_services=changed,
+                service_changes=len(self._pending_services),
+                endpoint_changes=len(self._pending_endpoints),
+                node_changed=self._node_changed,
+                trigger_times={
+                    k: tuple(v) for k, v in self._trigger_times.items()
+                    if k in self._pending_endpoints
+                },
+                first_seen=self._first_seen,
+            )
+            self._synced_services = dict(self._services)
+            self._synced_endpoints = dict(self._endpoints)
+            self._pending_services.clear()
+            self._pending_endpoints.clear()
+            self._trigger_times.clear()
+            self._first_seen = None
+            self._node_changed = False
+            return result
