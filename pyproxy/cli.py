@@ -32,14 +32,24 @@ from pyproxy.options import (
 
 log = logging.getLogger("pyproxy")
 
-LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-          "error": logging.ERROR}
+LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps({"ts": self.formatTime(record), "level": record.levelname.lower(),
-                           "logger": record.name, "msg": record.getMessage()})
+        return json.dumps(
+            {
+                "ts": self.formatTime(record),
+                "level": record.levelname.lower(),
+                "logger": record.name,
+                "msg": record.getMessage(),
+            }
+        )
 
 
 def setup_logging(level: str, fmt: str, verbosity: int | None) -> None:
@@ -47,43 +57,91 @@ def setup_logging(level: str, fmt: str, verbosity: int | None) -> None:
     if verbosity is not None and verbosity >= 4:
         lvl = logging.DEBUG
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(
-        "%(asctime)s %(levelname).1s %(name)s: %(message)s"))
+    handler.setFormatter(
+        JsonFormatter()
+        if fmt == "json"
+        else logging.Formatter("%(asctime)s %(levelname).1s %(name)s: %(message)s")
+    )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(lvl)
 
 
 def _mode_option(f: Any) -> Any:
-    return click.option("--mode", "--proxy-mode", "mode", default="iptables", show_default=True,
-                        type=click.Choice(registry.MODES),
-                        help="Proxy backend.")(f)
+    return click.option(
+        "--mode",
+        "--proxy-mode",
+        "mode",
+        default="iptables",
+        show_default=True,
+        type=click.Choice(registry.MODES),
+        help="Proxy backend.",
+    )(f)
 
 
 def _rule_options(f: Any) -> Any:
-    for opt in reversed([
-        click.option("--manifests", type=click.Path(file_okay=False), default=None,
-                     help="Read objects from the YAML files in DIR instead of an API server."),
-        click.option("--hostname-override", "--node", "hostname_override", default=None,
-                     help="This node's name (default: the host name)."),
-        click.option("--cluster-cidr", default="",
-                     help="Pod CIDR(s), comma-separated per family; traffic from outside is "
-                          "masqueraded."),
-        click.option("--masquerade-all", is_flag=True, default=False,
-                     help="SNAT all traffic sent to cluster IPs."),
-        click.option("--iptables-masquerade-bit", "masquerade_bit", type=int, default=14,
-                     show_default=True, help="Bit of the fwmark used for masquerading."),
-        click.option("--nodeport-addresses", default="",
-                     help="CIDRs or all/primary/localhost that NodePorts accept (default all)."),
-        click.option("--iptables-localhost-nodeports/--no-iptables-localhost-nodeports",
-                     "localhost_nodeports", default=True, show_default=True,
-                     help="Accept NodePort connections to 127.0.0.1 (IPv4)."),
-        click.option("--iptables-backend", type=click.Choice(["auto", "nft", "legacy"]),
-                     default="auto", show_default=True,
-                     help="iptables back end (auto detects the one in use)."),
-        click.option("--config", "config_file", default=None,
-                     help="KubeProxyConfiguration YAML file; flags override it."),
-    ]):
+    for opt in reversed(
+        [
+            click.option(
+                "--manifests",
+                type=click.Path(file_okay=False),
+                default=None,
+                help="Read objects from the YAML files in DIR instead of an API server.",
+            ),
+            click.option(
+                "--hostname-override",
+                "--node",
+                "hostname_override",
+                default=None,
+                help="This node's name (default: the host name).",
+            ),
+            click.option(
+                "--cluster-cidr",
+                default="",
+                help="Pod CIDR(s), comma-separated per family; traffic from outside is "
+                "masqueraded.",
+            ),
+            click.option(
+                "--masquerade-all",
+                is_flag=True,
+                default=False,
+                help="SNAT all traffic sent to cluster IPs.",
+            ),
+            click.option(
+                "--iptables-masquerade-bit",
+                "masquerade_bit",
+                type=int,
+                default=14,
+                show_default=True,
+                help="Bit of the fwmark used for masquerading.",
+            ),
+            click.option(
+                "--nodeport-addresses",
+                default="",
+                help="CIDRs or all/primary/localhost that NodePorts accept (default all).",
+            ),
+            click.option(
+                "--iptables-localhost-nodeports/--no-iptables-localhost-nodeports",
+                "localhost_nodeports",
+                default=True,
+                show_default=True,
+                help="Accept NodePort connections to 127.0.0.1 (IPv4).",
+            ),
+            click.option(
+                "--iptables-backend",
+                type=click.Choice(["auto", "nft", "legacy"]),
+                default="auto",
+                show_default=True,
+                help="iptables back end (auto detects the one in use).",
+            ),
+            click.option(
+                "--config",
+                "config_file",
+                default=None,
+                help="KubeProxyConfiguration YAML file; flags override it.",
+            ),
+        ]
+    ):
         f = opt(f)
     return f
 
@@ -112,8 +170,9 @@ def backend_options(opts: Options) -> dict[str, Any]:
         "masquerade_all": bool(opts.masquerade_all),
         "cluster_cidrs": parse_cidrs("--cluster-cidr", str(opts.cluster_cidr or "")),
         "localhost_nodeports": bool(opts.localhost_nodeports),
-        "nodeport_addresses": parse_nodeport_addresses("--nodeport-addresses",
-                                                       opts.nodeport_addresses or ""),
+        "nodeport_addresses": parse_nodeport_addresses(
+            "--nodeport-addresses", opts.nodeport_addresses or ""
+        ),
         "iptables_backend": opts.iptables_backend,
     }
 
@@ -132,26 +191,40 @@ def _manifests_dir(value: str | None) -> Path | None:
 @_rule_options
 @click.option("--kubeconfig", default=None, help="Path to a kubeconfig file.")
 @click.option("--master", default=None, help="API server address (overrides the kubeconfig).")
-@click.option("--min-sync-period", "--iptables-min-sync-period", "min_sync_period", default="1s",
-              show_default=True, help="Minimum interval between syncs.")
-@click.option("--sync-period", "--iptables-sync-period", "sync_period", default="30s",
-              show_default=True, help="Maximum interval between syncs (a full resync).")
+@click.option(
+    "--min-sync-period",
+    "--iptables-min-sync-period",
+    "min_sync_period",
+    default="1s",
+    show_default=True,
+    help="Minimum interval between syncs.",
+)
+@click.option(
+    "--sync-period",
+    "--iptables-sync-period",
+    "sync_period",
+    default="30s",
+    show_default=True,
+    help="Maximum interval between syncs (a full resync).",
+)
 @click.option("--ipvs-scheduler", default="rr", show_default=True, help="IPVS scheduler.")
 @click.option("--metrics-bind-address", default="127.0.0.1:10249", show_default=True)
 @click.option("--healthz-bind-address", default="0.0.0.0:10256", show_default=True)
 @click.option("--v", "verbosity", type=int, default=None, help="klog-style verbosity (4+ = debug).")
 @click.option("--log-level", type=click.Choice(list(LEVELS)), default="info", show_default=True)
-@click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
-              show_default=True)
+@click.option(
+    "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
+)
 @click.option("--write-config-to", default=None, help="Write the default configuration and exit.")
 @click.pass_context
-def cli(ctx: click.Context, **params: Any) -> None:
+def cli(ctx: click.Context, /, **params: Any) -> None:
     """pyproxy: a Kubernetes Service proxy. Without a command, runs the daemon."""
     if ctx.invoked_subcommand is not None:
         return
     if params["write_config_to"]:
-        Path(params["write_config_to"]).write_text(yaml.safe_dump(default_config(),
-                                                                  sort_keys=False))
+        Path(params["write_config_to"]).write_text(
+            yaml.safe_dump(default_config(), sort_keys=False)
+        )
         return
     verbosity = params.pop("verbosity")
     setup_logging(params["log_level"], params["log_format"], verbosity)
@@ -170,9 +243,16 @@ def cli(ctx: click.Context, **params: Any) -> None:
     manifests = _manifests_dir(opts.manifests)
     if manifests is None and opts.kubeconfig and not Path(opts.kubeconfig).is_file():
         raise OptionError(f"--kubeconfig: {opts.kubeconfig} is not a readable file")
-    cfg = DaemonConfig(mode=opts.mode, node_name=node_name(opts.hostname_override),
-                       min_sync_period=min_sync, sync_period=sync, backend_options=bopts,
-                       manifests=manifests, kubeconfig=opts.kubeconfig, master=opts.master)
+    cfg = DaemonConfig(
+        mode=opts.mode,
+        node_name=node_name(opts.hostname_override),
+        min_sync_period=min_sync,
+        sync_period=sync,
+        backend_options=bopts,
+        manifests=manifests,
+        kubeconfig=opts.kubeconfig,
+        master=opts.master,
+    )
     ctx.exit(Daemon(cfg).run())
 
 
@@ -189,7 +269,7 @@ def load_manifest_state(directory: Path, node: str) -> Any:
 @_mode_option
 @_rule_options
 @click.pass_context
-def render(ctx: click.Context, **params: Any) -> None:
+def render(ctx: click.Context, /, **params: Any) -> None:
     """Print the rules the backend would program for --manifests DIR; touches nothing."""
     setup_logging("warning", "text", None)
     opts = _merge(ctx, params)
@@ -203,8 +283,7 @@ def render(ctx: click.Context, **params: Any) -> None:
 
 @cli.command()
 @_mode_option
-@click.option("--iptables-backend", type=click.Choice(["auto", "nft", "legacy"]),
-              default="auto")
+@click.option("--iptables-backend", type=click.Choice(["auto", "nft", "legacy"]), default="auto")
 def cleanup(mode: str, iptables_backend: str) -> None:
     """Remove everything pyproxy programmed for --mode (kube-proxy's --cleanup)."""
     setup_logging("info", "text", None)

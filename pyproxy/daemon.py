@@ -45,8 +45,11 @@ class Daemon:
         self.tracker = ChangeTracker(cfg.node_name)
         self.syncer = Syncer(self.tracker, self.backend, full_sync_period=cfg.sync_period)
         self.runner = BoundedFrequencyRunner(
-            self.syncer.sync, cfg.min_sync_period, cfg.sync_period,
-            retry_min=max(cfg.min_sync_period, 1.0))
+            self.syncer.sync,
+            cfg.min_sync_period,
+            cfg.sync_period,
+            retry_min=max(cfg.min_sync_period, 1.0),
+        )
         self.tracker.on_change = self.runner.run
         self.stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -77,8 +80,12 @@ class Daemon:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        log.info("pyproxy starting: mode=%s node=%s source=%s", self.cfg.mode, self.cfg.node_name,
-                 self.cfg.manifests or "apiserver")
+        log.info(
+            "pyproxy starting: mode=%s node=%s source=%s",
+            self.cfg.mode,
+            self.cfg.node_name,
+            self.cfg.manifests or "apiserver",
+        )
         self.start_sources()
         try:
             self.runner.loop(self.stop)

@@ -41,7 +41,9 @@ def parse_duration(flag: str, value: str | float | int) -> float:
         except ValueError:
             parts = _DURATION.findall(text)
             if not parts or "".join(n + u for n, u in parts) != text:
-                raise OptionError(f"{flag}: invalid duration {value!r} (e.g. 1s, 500ms, 1m)") from None
+                raise OptionError(
+                    f"{flag}: invalid duration {value!r} (e.g. 1s, 500ms, 1m)"
+                ) from None
             seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     if seconds < 0:
         raise OptionError(f"{flag}: duration {value!r} must not be negative")
@@ -76,7 +78,8 @@ def parse_nodeport_addresses(flag: str, value: str | list[str]) -> tuple[str, ..
             out.append(str(ipaddress.ip_network(item, strict=False)))
         except ValueError:
             raise OptionError(
-                f"{flag}: {item!r} is neither a CIDR nor one of all, primary, localhost") from None
+                f"{flag}: {item!r} is neither a CIDR nor one of all, primary, localhost"
+            ) from None
     return tuple(out)
 
 
@@ -170,8 +173,9 @@ def load_config_file(path: str) -> dict[str, Any]:
     if not isinstance(doc, Mapping):
         raise OptionError(f"--config: {path} is not a KubeProxyConfiguration mapping")
     if doc.get("kind", "KubeProxyConfiguration") != "KubeProxyConfiguration":
-        raise OptionError(f"--config: {path} has kind {doc.get('kind')!r}, "
-                          "want KubeProxyConfiguration")
+        raise OptionError(
+            f"--config: {path} has kind {doc.get('kind')!r}, want KubeProxyConfiguration"
+        )
     out: dict[str, Any] = {}
     for key, value in _flatten(doc).items():
         if key in IGNORED_FIELDS:

@@ -82,7 +82,8 @@ class BoundedFrequencyRunner:
             with self._cond:
                 self.failures += 1
                 self._retry_delay = min(
-                    self.max_interval, self._retry_delay * 2 if self._retry_delay else self.retry_min
+                    self.max_interval,
+                    self._retry_delay * 2 if self._retry_delay else self.retry_min,
                 )
                 self._retry_at = now + self._retry_delay
             log.error("%s: sync failed (retrying in %.1fs): %s", self.name, self._retry_delay, err)

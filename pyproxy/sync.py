@@ -45,9 +45,14 @@ class SyncStats:
 
 
 class Syncer:
-    def __init__(self, tracker: ChangeTracker, backend: Backend, full_sync_period: float,
-                 clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        tracker: ChangeTracker,
+        backend: Backend,
+        full_sync_period: float,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.tracker = tracker
         self.backend = backend
         self.full_sync_period = full_sync_period
@@ -76,8 +81,12 @@ class Syncer:
     def _sync_locked(self) -> None:
         start = self._clock()
         changes = self.tracker.take()
-        full = (self._need_full or changes.node_changed or self._last_full is None
-                or start - self._last_full >= self.full_sync_period)
+        full = (
+            self._need_full
+            or changes.node_changed
+            or self._last_full is None
+            or start - self._last_full >= self.full_sync_period
+        )
         request = SyncRequest(changes.state, changes.changed_services, full)
         try:
             result = self.backend.sync(request)
@@ -86,9 +95,17 @@ class Syncer:
             msg = str(err).splitlines()[0] if str(err) else type(err).__name__
             if not isinstance(err, BackendError):
                 log.exception("backend crashed during sync")
-            self._record(SyncRecord(self._wall(), self._clock() - start, full, False,
-                                    changes.service_changes, changes.endpoint_changes,
-                                    error=msg))
+            self._record(
+                SyncRecord(
+                    self._wall(),
+                    self._clock() - start,
+                    full,
+                    False,
+                    changes.service_changes,
+                    changes.endpoint_changes,
+                    error=msg,
+                )
+            )
             raise BackendError(msg) from err
         end_wall, end = self._wall(), self._clock()
         self._need_full = False
@@ -97,13 +114,24 @@ class Syncer:
         latencies = [end_wall - t for times in changes.trigger_times.values() for t in times]
         if not latencies and changes.first_seen is not None:
             latencies = [end - changes.first_seen]
-        rec = SyncRecord(end_wall, end - start, result.full, True, changes.service_changes,
-                         changes.endpoint_changes, tuple(max(0.0, x) for x in latencies),
-                         result=result)
+        rec = SyncRecord(
+            end_wall,
+            end - start,
+            result.full,
+            True,
+            changes.service_changes,
+            changes.endpoint_changes,
+            tuple(max(0.0, x) for x in latencies),
+            result=result,
+        )
         self._record(rec)
-        log.info("synced %s in %.3fs (%d service, %d endpoint changes)",
-                 "fully" if result.full else "partially", rec.duration,
-                 changes.service_changes, changes.endpoint_changes)
+        log.info(
+            "synced %s in %.3fs (%d service, %d endpoint changes)",
+            "fully" if result.full else "partially",
+            rec.duration,
+            changes.service_changes,
+            changes.endpoint_changes,
+        )
 
     def _record(self, rec: SyncRecord) -> None:
         s = self.stats

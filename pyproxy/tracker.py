@@ -53,7 +53,8 @@ class Changes:
     @property
     def changed_ports(self) -> frozenset[ServicePortName]:
         return frozenset(
-            spn for spn in set(self.state.services) | set(self.state.endpoints)
+            spn
+            for spn in set(self.state.services) | set(self.state.endpoints)
             if spn.service in self.changed_services
         )
 
@@ -66,9 +67,15 @@ def _merge_endpoints(slices: Sequence[convert.SliceInfo]) -> EndpointsOfService:
             bucket = merged.setdefault(spn, {})
             for ep in sl.endpoints:
                 real = Endpoint(
-                    ip=ep.ip, port=number, ready=ep.ready, serving=ep.serving,
-                    terminating=ep.terminating, node_name=ep.node_name, zone=ep.zone,
-                    zone_hints=ep.zone_hints, node_hints=ep.node_hints,
+                    ip=ep.ip,
+                    port=number,
+                    ready=ep.ready,
+                    serving=ep.serving,
+                    terminating=ep.terminating,
+                    node_name=ep.node_name,
+                    zone=ep.zone,
+                    zone_hints=ep.zone_hints,
+                    node_hints=ep.node_hints,
                 )
                 key = str(real)
                 old = bucket.get(key)
@@ -243,8 +250,9 @@ class ChangeTracker:
             self._skip(err)
             return False
         if info.name != self.node_name:
-            log.error("Node event for %s, but this proxy runs on %s; ignoring",
-                      info.name, self.node_name)
+            log.error(
+                "Node event for %s, but this proxy runs on %s; ignoring", info.name, self.node_name
+            )
             return False
         if deleted:
             info = NodeInfo(name=self.node_name, labels={}, exists=False)
@@ -300,7 +308,8 @@ class ChangeTracker:
                 endpoint_changes=len(self._pending_endpoints),
                 node_changed=self._node_changed,
                 trigger_times={
-                    k: tuple(v) for k, v in self._trigger_times.items()
+                    k: tuple(v)
+                    for k, v in self._trigger_times.items()
                     if k in self._pending_endpoints
                 },
                 first_seen=self._first_seen,

@@ -19,5 +19,6 @@ def create(mode: str, options: dict[str, Any]) -> Backend:
         return IptablesBackend(IptablesOptions(**{k: v for k, v in options.items() if k in known}))
     if mode in MODES:
         raise BackendUnavailable(
-            f"--mode={mode} is not implemented yet (available: {', '.join(BUILT)})")
+            f"--mode={mode} is not implemented yet (available: {', '.join(BUILT)})"
+        )
     raise BackendUnavailable(f"unknown mode {mode!r} (choose from {', '.join(MODES)})")

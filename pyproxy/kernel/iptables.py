@@ -44,7 +44,9 @@ class Iptables:
     def available(self) -> bool:
         return shutil.which(self._tool("-restore")) is not None
 
-    def run(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: str, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
         cmd = [self._tool(), "-w", LOCK_WAIT_SECONDS, *args]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if check and res.returncode != 0:
@@ -60,12 +62,14 @@ class Iptables:
         if res.returncode != 0:
             err = res.stderr.strip()
             m = re.search(r"line:? (\d+)", err)
-            raise IptablesError(f"{self._tool('-restore')} failed: {err}",
-                                int(m.group(1)) if m else None)
+            raise IptablesError(
+                f"{self._tool('-restore')} failed: {err}", int(m.group(1)) if m else None
+            )
 
     def save(self, table: str, timeout: float = 120) -> str:
-        res = subprocess.run([self._tool("-save"), "-t", table], capture_output=True, text=True,
-                             timeout=timeout)
+        res = subprocess.run(
+            [self._tool("-save"), "-t", table], capture_output=True, text=True, timeout=timeout
+        )
         if res.returncode != 0:
             raise IptablesError(f"{self._tool('-save')} -t {table}: {res.stderr.strip()}")
         return res.stdout
@@ -137,4 +141,6 @@ def extract_lines(data: str, line: int, context: int = 2) -> str:
     """The offending restore line with a little context, for the log."""
     lines = data.splitlines()
     lo, hi = max(0, line - 1 - context), min(len(lines), line + context)
-    return "\n".join(f"{'>' if i + 1 == line else ' '}{i + 1:6d}: {lines[i]}" for i in range(lo, hi))
+    return "\n".join(
+        f"{'>' if i + 1 == line else ' '}{i + 1:6d}: {lines[i]}" for i in range(lo, hi)
+    )

@@ -19,8 +19,8 @@ from pyproxy.model.types import (
 )
 
 __all__ = [
-    "EndpointSelection",
     "Endpoint",
+    "EndpointSelection",
     "Event",
     "EventType",
     "IPAddress",

@@ -152,8 +152,9 @@ def service_ports(svc: Obj) -> tuple[ServicePort, ...]:
             try:
                 lb.append(_parse_ip(ing["ip"]))
             except ValueError:
-                log.warning("Service %s: ignoring invalid load balancer ingress IP %r", ref,
-                            ing["ip"])
+                log.warning(
+                    "Service %s: ignoring invalid load balancer ingress IP %r", ref, ing["ip"]
+                )
         lb_ips = tuple(lb)
     source_ranges = _filter_valid(
         kind, ref, "loadBalancerSourceRanges", spec.get("loadBalancerSourceRanges"), _parse_cidr
@@ -162,7 +163,7 @@ def service_ports(svc: Obj) -> tuple[ServicePort, ...]:
     affinity = spec.get("sessionAffinity") == "ClientIP"
     sticky = DEFAULT_STICKY_SECONDS
     if affinity:
-        cfg = ((spec.get("sessionAffinityConfig") or {}).get("clientIP") or {})
+        cfg = (spec.get("sessionAffinityConfig") or {}).get("clientIP") or {}
         if cfg.get("timeoutSeconds") is not None:
             sticky = _int_field(kind, ref, "timeoutSeconds", cfg["timeoutSeconds"], 1, 86400)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -20,17 +20,13 @@ ZONE_LABEL = "topology.kubernetes.io/zone"
 TO_BE_DELETED_TAINT = "ToBeDeletedByClusterAutoscaler"
 
 
-class Protocol(str, Enum):
+class Protocol(StrEnum):
     TCP = "TCP"
     UDP = "UDP"
     SCTP = "SCTP"
 
-    @property
-    def lower(self) -> str:
-        return self.value.lower()
 
-
-class IPFamily(str, Enum):
+class IPFamily(StrEnum):
     IPV4 = "IPv4"
     IPV6 = "IPv6"
 
@@ -39,7 +35,7 @@ class IPFamily(str, Enum):
         return IPFamily.IPV4 if addr.version == 4 else IPFamily.IPV6
 
 
-class TrafficPolicy(str, Enum):
+class TrafficPolicy(StrEnum):
     CLUSTER = "Cluster"
     LOCAL = "Local"
 

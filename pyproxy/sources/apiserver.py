@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,15 +69,21 @@ def load_client(kubeconfig: str | None, master: str | None) -> Any:
     cfg = client.Configuration()
     try:
         if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, client_configuration=cfg
+            )
         else:
             try:
-                config.load_incluster_config(client_configuration=cfg)
+                config.load_incluster_config(  # type: ignore[no-untyped-call]
+                    client_configuration=cfg
+                )
             except config.ConfigException:
                 if master:
                     cfg.host = master
                 else:
-                    config.load_kube_config(client_configuration=cfg)
+                    config.load_kube_config(  # type: ignore[no-untyped-call]
+                        client_configuration=cfg
+                    )
     except (config.ConfigException, OSError, ValueError, TypeError) as err:
         raise SourceError(f"cannot load kubeconfig: {err}") from None
     if master:
@@ -110,18 +115,27 @@ class ApiServerSource:
         if res.field_selector:
             query.append(("fieldSelector", res.field_selector))
         method, url, headers, body, post = self.api.param_serialize(
-            "GET", res.path, query_params=query, header_params={"Accept": "application/json"},
+            "GET",
+            res.path,
+            query_params=query,
+            header_params={"Accept": "application/json"},
             auth_settings=["BearerToken"],
         )
-        resp = self.api.call_api(method, url, header_params=headers, body=body,
-                                 post_params=post, _request_timeout=timeout).response
+        resp = self.api.call_api(
+            method,
+            url,
+            header_params=headers,
+            body=body,
+            post_params=post,
+            _request_timeout=timeout,
+        ).response
         if not 200 <= resp.status < 300:
             data = resp.data[:300].decode(errors="replace")
             resp.release_conn()
             raise ApiStatus(resp.status, f"GET {res.path}: HTTP {resp.status}: {data}")
         return resp
 
-    def list(self, res: Resource) -> str:
+    def list_all(self, res: Resource) -> str:
         resp = self._request(res, {"limit": "500"}, (10, 60))
         items: list[Mapping[str, Any]] = []
         body = json.loads(resp.data)
@@ -140,8 +154,12 @@ class ApiServerSource:
 
     def watch(self, res: Resource, rv: str, stop: threading.Event) -> Iterator[str]:
         """Stream events from ``rv``; yields each new resourceVersion. Raises Gone on 410."""
-        params = {"watch": "1", "resourceVersion": rv, "allowWatchBookmarks": "true",
-                  "timeoutSeconds": str(WATCH_TIMEOUT)}
+        params = {
+            "watch": "1",
+            "resourceVersion": rv,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(WATCH_TIMEOUT),
+        }
         resp = self._request(res, params, (10, WATCH_TIMEOUT + 30))
         self.stats[res.kind].watches += 1
         try:
@@ -170,7 +188,7 @@ class ApiServerSource:
         if etype == "BOOKMARK":
             return rv
         try:
-            et = EventType(etype)
+            et = EventType(str(etype))
         except ValueError:
             log.warning("%s watch: unknown event type %r", res.kind, etype)
             return rv
@@ -186,11 +204,12 @@ class ApiServerSource:
         while not stop.is_set():
             try:
                 if not rv:
-                    rv = self.list(res)
+                    rv = self.list_all(res)
                     if not synced:
                         self.sink(Event(res.kind, EventType.SYNCED))
                         synced = True
-                for rv in self.watch(res, rv, stop):  # noqa: B007 - rv is the resume point
+                for new_rv in self.watch(res, rv, stop):
+                    rv = new_rv  # the resume point if the watch drops
                     backoff = BACKOFF_MIN
                 backoff = BACKOFF_MIN  # a watch that timed out normally: resume at once
                 continue
@@ -207,8 +226,12 @@ class ApiServerSource:
                 if _is_gone(err):
                     stats.gone += 1
                     rv = ""
-                log.warning("%s watch: %s; retrying in %.1fs (keeping last known state)",
-                            res.kind, msg, backoff)
+                log.warning(
+                    "%s watch: %s; retrying in %.1fs (keeping last known state)",
+                    res.kind,
+                    msg,
+                    backoff,
+                )
                 if self.on_reconnect is not None:
                     self.on_reconnect(res.kind)
             stop.wait(backoff)
@@ -217,8 +240,9 @@ class ApiServerSource:
     def start(self, stop: threading.Event) -> list[threading.Thread]:
         threads = []
         for res in self.resources:
-            t = threading.Thread(target=self.run_resource, args=(res, stop),
-                                 name=f"watch-{res.kind}", daemon=True)
+            t = threading.Thread(
+                target=self.run_resource, args=(res, stop), name=f"watch-{res.kind}", daemon=True
+            )
             t.start()
             threads.append(t)
         return threads
@@ -226,5 +250,3 @@ class ApiServerSource:
 
 def _is_gone(err: Exception) -> bool:
     return getattr(err, "status", None) == 410
-
-

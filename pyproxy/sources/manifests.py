@@ -73,8 +73,9 @@ def parse_file(path: Path) -> dict[ObjKey, Mapping[str, Any]]:
 
 
 class ManifestsSource:
-    def __init__(self, directory: Path, sink: Callable[[Event], object],
-                 interval: float = 0.5) -> None:
+    def __init__(
+        self, directory: Path, sink: Callable[[Event], object], interval: float = 0.5
+    ) -> None:
         if not directory.is_dir():
             raise ManifestError(f"{directory} is not a readable directory")
         self.directory = directory
@@ -86,8 +87,11 @@ class ManifestsSource:
         self.scans = 0
 
     def _files(self) -> list[Path]:
-        return sorted(p for p in self.directory.iterdir()
-                      if p.is_file() and p.suffix in SUFFIXES and not p.name.startswith("."))
+        return sorted(
+            p
+            for p in self.directory.iterdir()
+            if p.is_file() and p.suffix in SUFFIXES and not p.name.startswith(".")
+        )
 
     def _rescan(self) -> bool:
         """Re-read changed files; True if any file changed."""

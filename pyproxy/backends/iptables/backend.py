@@ -102,7 +102,7 @@ def _chain_delta(chain: str, old: list[str], new: list[str]) -> tuple[list[str],
     cmds = [f"-D {_spec(line)}" for line in _take(old, removed)]
     new_lines = _take(new, added)
     # Insert at the head in reverse so the new lines keep their relative order.
-    cmds += [f"-I {chain} 1 {_spec(line)[len(chain) + 1:]}" for line in reversed(new_lines)]
+    cmds += [f"-I {chain} 1 {_spec(line)[len(chain) + 1 :]}" for line in reversed(new_lines)]
     return [], cmds
 
 
@@ -132,10 +132,10 @@ def partial_text(old: Rendered, new: Rendered, changed: Iterable[NamespacedName]
     decls, cmds, own_rules, deletes = [], [], [], []
     active = new.service_chains()
     for svc in sorted(changed):
-        for chain, lines in (new.services[svc].chains.items() if svc in new.services else ()):
+        for chain, lines in new.services[svc].chains.items() if svc in new.services else ():
             decls.append(f":{chain} - [0:0]")
             own_rules += lines
-        for chain in (old.services[svc].chains if svc in old.services else ()):
+        for chain in old.services[svc].chains if svc in old.services else ():
             if chain not in active:
                 decls.append(f":{chain} - [0:0]")
                 deletes.append(f"-X {chain}")
@@ -169,7 +169,9 @@ class IptablesBackend(Backend):
 
     # ---- configuration ------------------------------------------------------------------
 
-    def config(self, family: IPFamily, local_ips: Iterable[IPAddress] | None = None) -> IptablesConfig:
+    def config(
+        self, family: IPFamily, local_ips: Iterable[IPAddress] | None = None
+    ) -> IptablesConfig:
         opts = self.options
         nodeport_ips = None
         specs = opts.nodeport_addresses
@@ -202,7 +204,7 @@ class IptablesBackend(Backend):
 
     def _needs_local_ips(self) -> bool:
         specs = self.options.nodeport_addresses
-        return bool(specs) and "all" not in specs or not self.options.primary_ips
+        return (bool(specs) and "all" not in specs) or not self.options.primary_ips
 
     def _local_ips(self) -> list[IPAddress] | None:
         if not self._needs_local_ips():
@@ -222,8 +224,10 @@ class IptablesBackend(Backend):
             if family is IPFamily.IPV6 and not state.sorted_services(family):
                 continue
             tool = "ip6tables-restore" if family is IPFamily.IPV6 else "iptables-restore"
-            parts.append(f"# {family.value}: input for {tool} --noflush\n"
-                         + render(state, self.config(family, local)).text())
+            parts.append(
+                f"# {family.value}: input for {tool} --noflush\n"
+                + render(state, self.config(family, local)).text()
+            )
         return "".join(parts)
 
     # ---- sync -----------------------------------------------------------------------------
@@ -245,12 +249,16 @@ class IptablesBackend(Backend):
                 except (OSError, IptablesError):
                     pass
                 if res is None or res.returncode != 0:
-                    log.warning("ip6tables (%s) does not work here; IPv6 services are not proxied",
-                                backend)
+                    log.warning(
+                        "ip6tables (%s) does not work here; IPv6 services are not proxied", backend
+                    )
                     continue
             fams.append(_Family(family, ipt))
-        log.info("iptables mode: using the %s back end for %s", backend,
-                 ", ".join(f.family.value for f in fams))
+        log.info(
+            "iptables mode: using the %s back end for %s",
+            backend,
+            ", ".join(f.family.value for f in fams),
+        )
         if self.options.localhost_nodeports and any(f.family is IPFamily.IPV4 for f in fams):
             sysctl.ensure("net.ipv4.conf.all.route_localnet", "1")
         self._families = fams
@@ -286,12 +294,18 @@ class IptablesBackend(Backend):
             fam.last = new
             fam.last_state = request.state
             stats.rules_written.update(_written(self.last_restore))
-        return SyncResult(full=did_full, rules_total=dict(stats.rules_total),
-                          rules_written=dict(stats.rules_written), render_seconds=render_s,
-                          apply_seconds=apply_s, no_local_endpoints=dict(no_local))
+        return SyncResult(
+            full=did_full,
+            rules_total=dict(stats.rules_total),
+            rules_written=dict(stats.rules_written),
+            render_seconds=render_s,
+            apply_seconds=apply_s,
+            no_local_endpoints=dict(no_local),
+        )
 
-    def _sync_family(self, fam: _Family, cfg: IptablesConfig, new: Rendered,
-                     request: SyncRequest) -> bool:
+    def _sync_family(
+        self, fam: _Family, cfg: IptablesConfig, new: Rendered, request: SyncRequest
+    ) -> bool:
         full = request.full or fam.last is None or not self._canary_ok(fam)
         if not full:
             assert fam.last is not None
@@ -347,8 +361,10 @@ class IptablesBackend(Backend):
             for ipv6 in (False, True):
                 ipt = Iptables(backend, ipv6=ipv6)
                 try:
-                    if not ipt.available() or ipt.run("-t", "nat", "-S", "POSTROUTING",
-                                                      check=False).returncode != 0:
+                    if (
+                        not ipt.available()
+                        or ipt.run("-t", "nat", "-S", "POSTROUTING", check=False).returncode != 0
+                    ):
                         continue
                     cleanup_tables(ipt)
                 except (OSError, IptablesError) as err:
@@ -358,8 +374,9 @@ class IptablesBackend(Backend):
 
     def family_counters(self) -> dict[str, tuple[int, int]]:
         """{family: (restore failures, partial restore failures)} for metrics."""
-        return {f.family.value: (f.restore_failures, f.partial_failures)
-                for f in (self._families or [])}
+        return {
+            f.family.value: (f.restore_failures, f.partial_failures) for f in (self._families or [])
+        }
 
 
 def cleanup_tables(ipt: Iptables, extra_jumps: Iterable[tuple[str, str, list[str]]] = ()) -> None:
@@ -370,13 +387,25 @@ def cleanup_tables(ipt: Iptables, extra_jumps: Iterable[tuple[str, str, list[str
         ipt.delete_rule(table, src, args)
     for table, top in (("filter", (*FILTER_TOP, KUBE_FIREWALL)), ("nat", (*NAT_TOP,))):
         present = chains_in_save(ipt.save(table))
-        ours = [c for c in present if c in top or c == KUBE_PROXY_CANARY
-                or (table == "nat" and names.is_service_chain(c))]
+        ours = [
+            c
+            for c in present
+            if c in top or c == KUBE_PROXY_CANARY or (table == "nat" and names.is_service_chain(c))
+        ]
         shared = [c for c in ours if c in (KUBE_FIREWALL, KUBE_MARK_MASQ)]
         mine = [c for c in ours if c not in shared]
         if mine:
-            text = "\n".join([f"*{table}", *(f":{c} - [0:0]" for c in mine),
-                              *(f"-X {c}" for c in mine), "COMMIT"]) + "\n"
+            text = (
+                "\n".join(
+                    [
+                        f"*{table}",
+                        *(f":{c} - [0:0]" for c in mine),
+                        *(f"-X {c}" for c in mine),
+                        "COMMIT",
+                    ]
+                )
+                + "\n"
+            )
             ipt.restore(text, counters=False)
         for c in shared:  # kubelet may still reference these; remove them only if unused
             ipt.run("-t", table, "-F", c, check=False)

@@ -22,7 +22,7 @@ def _hash(text: str) -> str:
 
 
 def port_proto_hash(spn: ServicePortName) -> str:
-    return _hash(str(spn) + spn.protocol.lower)
+    return _hash(str(spn) + spn.protocol.value.lower())
 
 
 def cluster_chain(spn: ServicePortName) -> str:
@@ -42,7 +42,7 @@ def firewall_chain(spn: ServicePortName) -> str:
 
 
 def endpoint_chain(spn: ServicePortName, ep: Endpoint) -> str:
-    return SEP + _hash(str(spn) + spn.protocol.lower + str(ep))
+    return SEP + _hash(str(spn) + spn.protocol.value.lower() + str(ep))
 
 
 def is_service_chain(name: str) -> bool:

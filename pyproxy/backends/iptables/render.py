@@ -38,8 +38,13 @@ KUBE_POSTROUTING = "KUBE-POSTROUTING"
 KUBE_MARK_MASQ = "KUBE-MARK-MASQ"
 KUBE_PROXY_CANARY = "KUBE-PROXY-CANARY"
 
-FILTER_TOP = (KUBE_SERVICES, KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_NODEPORTS,
-              KUBE_PROXY_FIREWALL)
+FILTER_TOP = (
+    KUBE_SERVICES,
+    KUBE_EXTERNAL_SERVICES,
+    KUBE_FORWARD,
+    KUBE_NODEPORTS,
+    KUBE_PROXY_FIREWALL,
+)
 NAT_TOP = (KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_MARK_MASQ)
 
 # Upstream drops per-endpoint comments above this many endpoints (largeClusterMode).
@@ -62,22 +67,57 @@ class JumpRule:
 
 # Upstream's iptablesJumpChains (+ kubelet's KUBE-FIREWALL jumps when localhost NodePorts).
 JUMP_RULES = (
-    JumpRule("filter", "INPUT", KUBE_EXTERNAL_SERVICES,
-             "kubernetes externally-visible service portals", ("-m", "conntrack", "--ctstate", "NEW")),
-    JumpRule("filter", "FORWARD", KUBE_EXTERNAL_SERVICES,
-             "kubernetes externally-visible service portals", ("-m", "conntrack", "--ctstate", "NEW")),
+    JumpRule(
+        "filter",
+        "INPUT",
+        KUBE_EXTERNAL_SERVICES,
+        "kubernetes externally-visible service portals",
+        ("-m", "conntrack", "--ctstate", "NEW"),
+    ),
+    JumpRule(
+        "filter",
+        "FORWARD",
+        KUBE_EXTERNAL_SERVICES,
+        "kubernetes externally-visible service portals",
+        ("-m", "conntrack", "--ctstate", "NEW"),
+    ),
     JumpRule("filter", "INPUT", KUBE_NODEPORTS, "kubernetes health check service ports"),
-    JumpRule("filter", "FORWARD", KUBE_SERVICES, "kubernetes service portals",
-             ("-m", "conntrack", "--ctstate", "NEW")),
-    JumpRule("filter", "OUTPUT", KUBE_SERVICES, "kubernetes service portals",
-             ("-m", "conntrack", "--ctstate", "NEW")),
+    JumpRule(
+        "filter",
+        "FORWARD",
+        KUBE_SERVICES,
+        "kubernetes service portals",
+        ("-m", "conntrack", "--ctstate", "NEW"),
+    ),
+    JumpRule(
+        "filter",
+        "OUTPUT",
+        KUBE_SERVICES,
+        "kubernetes service portals",
+        ("-m", "conntrack", "--ctstate", "NEW"),
+    ),
     JumpRule("filter", "FORWARD", KUBE_FORWARD, "kubernetes forwarding rules"),
-    JumpRule("filter", "INPUT", KUBE_PROXY_FIREWALL, "kubernetes load balancer firewall",
-             ("-m", "conntrack", "--ctstate", "NEW")),
-    JumpRule("filter", "OUTPUT", KUBE_PROXY_FIREWALL, "kubernetes load balancer firewall",
-             ("-m", "conntrack", "--ctstate", "NEW")),
-    JumpRule("filter", "FORWARD", KUBE_PROXY_FIREWALL, "kubernetes load balancer firewall",
-             ("-m", "conntrack", "--ctstate", "NEW")),
+    JumpRule(
+        "filter",
+        "INPUT",
+        KUBE_PROXY_FIREWALL,
+        "kubernetes load balancer firewall",
+        ("-m", "conntrack", "--ctstate", "NEW"),
+    ),
+    JumpRule(
+        "filter",
+        "OUTPUT",
+        KUBE_PROXY_FIREWALL,
+        "kubernetes load balancer firewall",
+        ("-m", "conntrack", "--ctstate", "NEW"),
+    ),
+    JumpRule(
+        "filter",
+        "FORWARD",
+        KUBE_PROXY_FIREWALL,
+        "kubernetes load balancer firewall",
+        ("-m", "conntrack", "--ctstate", "NEW"),
+    ),
     JumpRule("nat", "OUTPUT", KUBE_SERVICES, "kubernetes service portals"),
     JumpRule("nat", "PREROUTING", KUBE_SERVICES, "kubernetes service portals"),
     JumpRule("nat", "POSTROUTING", KUBE_POSTROUTING, "kubernetes postrouting rules"),
@@ -199,12 +239,17 @@ def _svc_match(proto: str, dest: IPAddress | str, port: int) -> list[str]:
     return ["-m", proto, "-p", proto, "-d", str(dest), "--dport", str(port)]
 
 
-def render_service(svc: ServicePort, endpoints: tuple[Endpoint, ...], state: ProxyState,
-                   cfg: IptablesConfig, large: bool) -> ServiceRender:
+def render_service(
+    svc: ServicePort,
+    endpoints: tuple[Endpoint, ...],
+    state: ProxyState,
+    cfg: IptablesConfig,
+    large: bool,
+) -> ServiceRender:
     out = ServiceRender()
     spn = svc.name
     name = str(spn)
-    proto = spn.protocol.lower
+    proto = spn.protocol.value.lower()
     mark_masq = KUBE_MARK_MASQ
     cluster_ip = svc.cluster_ip(cfg.family)
     assert cluster_ip is not None  # callers pass family views only
@@ -249,50 +294,156 @@ def render_service(svc: ServicePort, endpoints: tuple[Endpoint, ...], state: Pro
 
     # Cluster IP.
     if has_internal:
-        top(out.top_nat, KUBE_SERVICES, "-m", "comment", "--comment", _q(f"{name} cluster IP"),
-            *_svc_match(proto, cluster_ip, svc.port), "-j", internal_chain)
+        top(
+            out.top_nat,
+            KUBE_SERVICES,
+            "-m",
+            "comment",
+            "--comment",
+            _q(f"{name} cluster IP"),
+            *_svc_match(proto, cluster_ip, svc.port),
+            "-j",
+            internal_chain,
+        )
     else:
-        top(out.top_filter, KUBE_SERVICES, "-m", "comment", "--comment", int_comment,
-            *_svc_match(proto, cluster_ip, svc.port), "-j", int_target)
+        top(
+            out.top_filter,
+            KUBE_SERVICES,
+            "-m",
+            "comment",
+            "--comment",
+            int_comment,
+            *_svc_match(proto, cluster_ip, svc.port),
+            "-j",
+            int_target,
+        )
 
     # External IPs.
     for eip in svc.external_ips:
         if sel.has_any:
-            top(out.top_nat, KUBE_SERVICES, "-m", "comment", "--comment",
-                _q(f"{name} external IP"), *_svc_match(proto, eip, svc.port), "-j", ext_chain)
+            top(
+                out.top_nat,
+                KUBE_SERVICES,
+                "-m",
+                "comment",
+                "--comment",
+                _q(f"{name} external IP"),
+                *_svc_match(proto, eip, svc.port),
+                "-j",
+                ext_chain,
+            )
         if not has_external:
-            top(out.top_filter, KUBE_EXTERNAL_SERVICES, "-m", "comment", "--comment", ext_comment,
-                *_svc_match(proto, eip, svc.port), "-j", ext_target)
+            top(
+                out.top_filter,
+                KUBE_EXTERNAL_SERVICES,
+                "-m",
+                "comment",
+                "--comment",
+                ext_comment,
+                *_svc_match(proto, eip, svc.port),
+                "-j",
+                ext_target,
+            )
 
     # Load-balancer ingress IPs.
     for lbip in svc.load_balancer_ips:
         if sel.has_any:
-            top(out.top_nat, KUBE_SERVICES, "-m", "comment", "--comment",
-                _q(f"{name} loadbalancer IP"), *_svc_match(proto, lbip, svc.port), "-j", lb_chain)
+            top(
+                out.top_nat,
+                KUBE_SERVICES,
+                "-m",
+                "comment",
+                "--comment",
+                _q(f"{name} loadbalancer IP"),
+                *_svc_match(proto, lbip, svc.port),
+                "-j",
+                lb_chain,
+            )
         if uses_fw:
-            top(out.top_filter, KUBE_PROXY_FIREWALL, "-m", "comment", "--comment",
+            top(
+                out.top_filter,
+                KUBE_PROXY_FIREWALL,
+                "-m",
+                "comment",
+                "--comment",
                 _q(f"{name} traffic not accepted by {fw_chain}"),
-                *_svc_match(proto, lbip, svc.port), "-j", "DROP")
+                *_svc_match(proto, lbip, svc.port),
+                "-j",
+                "DROP",
+            )
     if not has_external:
         for lbip in svc.load_balancer_ips:
-            top(out.top_filter, KUBE_EXTERNAL_SERVICES, "-m", "comment", "--comment", ext_comment,
-                *_svc_match(proto, lbip, svc.port), "-j", ext_target)
+            top(
+                out.top_filter,
+                KUBE_EXTERNAL_SERVICES,
+                "-m",
+                "comment",
+                "--comment",
+                ext_comment,
+                *_svc_match(proto, lbip, svc.port),
+                "-j",
+                ext_target,
+            )
 
     # NodePorts.
     if svc.node_port:
         if sel.has_any:
-            top(out.top_nat, KUBE_NODEPORTS, "-m", "comment", "--comment", _q(name),
-                "-m", proto, "-p", proto, "--dport", str(svc.node_port), "-j", ext_chain)
+            top(
+                out.top_nat,
+                KUBE_NODEPORTS,
+                "-m",
+                "comment",
+                "--comment",
+                _q(name),
+                "-m",
+                proto,
+                "-p",
+                proto,
+                "--dport",
+                str(svc.node_port),
+                "-j",
+                ext_chain,
+            )
         if not has_external:
-            top(out.top_filter, KUBE_EXTERNAL_SERVICES, "-m", "comment", "--comment", ext_comment,
-                "-m", "addrtype", "--dst-type", "LOCAL", "-m", proto, "-p", proto,
-                "--dport", str(svc.node_port), "-j", ext_target)
+            top(
+                out.top_filter,
+                KUBE_EXTERNAL_SERVICES,
+                "-m",
+                "comment",
+                "--comment",
+                ext_comment,
+                "-m",
+                "addrtype",
+                "--dst-type",
+                "LOCAL",
+                "-m",
+                proto,
+                "-p",
+                proto,
+                "--dport",
+                str(svc.node_port),
+                "-j",
+                ext_target,
+            )
 
     # Health-check node port.
     if svc.health_check_node_port:
-        top(out.top_filter, KUBE_NODEPORTS, "-m", "comment", "--comment",
-            _q(f"{name} health check node port"), "-m", "tcp", "-p", "tcp",
-            "--dport", str(svc.health_check_node_port), "-j", "ACCEPT")
+        top(
+            out.top_filter,
+            KUBE_NODEPORTS,
+            "-m",
+            "comment",
+            "--comment",
+            _q(f"{name} health check node port"),
+            "-m",
+            "tcp",
+            "-p",
+            "tcp",
+            "--dport",
+            str(svc.health_check_node_port),
+            "-j",
+            "ACCEPT",
+        )
 
     chains = out.chains
 
@@ -302,30 +453,73 @@ def render_service(svc: ServicePort, endpoints: tuple[Endpoint, ...], state: Pro
     # Internal traffic: masquerade what does not come from the cluster.
     internal_rules: list[str] = []
     if has_internal:
-        match = ["-m", "comment", "--comment", _q(f"{name} cluster IP"),
-                 *_svc_match(proto, cluster_ip, svc.port)]
+        match = [
+            "-m",
+            "comment",
+            "--comment",
+            _q(f"{name} cluster IP"),
+            *_svc_match(proto, cluster_ip, svc.port),
+        ]
         if cfg.masquerade_all:
             internal_rules.append(" ".join(("-A", internal_chain, *match, "-j", mark_masq)))
         elif local_cidr is not None:
-            internal_rules.append(" ".join(("-A", internal_chain, *match, "!", "-s",
-                                            str(local_cidr), "-j", mark_masq)))
+            internal_rules.append(
+                " ".join(
+                    ("-A", internal_chain, *match, "!", "-s", str(local_cidr), "-j", mark_masq)
+                )
+            )
 
     if uses_ext_chain:
         chains[ext_chain] = []
         if not svc.external_policy_local:
-            rule(ext_chain, "-m", "comment", "--comment",
-                 _q(f"masquerade traffic for {name} external destinations"), "-j", mark_masq)
+            rule(
+                ext_chain,
+                "-m",
+                "comment",
+                "--comment",
+                _q(f"masquerade traffic for {name} external destinations"),
+                "-j",
+                mark_masq,
+            )
         else:
             if local_cidr is not None:
-                rule(ext_chain, "-m", "comment", "--comment",
-                     _q(f"pod traffic for {name} external destinations"),
-                     "-s", str(local_cidr), "-j", cluster_chain)
-            rule(ext_chain, "-m", "comment", "--comment",
-                 _q(f"masquerade LOCAL traffic for {name} external destinations"),
-                 "-m", "addrtype", "--src-type", "LOCAL", "-j", mark_masq)
-            rule(ext_chain, "-m", "comment", "--comment",
-                 _q(f"route LOCAL traffic for {name} external destinations"),
-                 "-m", "addrtype", "--src-type", "LOCAL", "-j", cluster_chain)
+                rule(
+                    ext_chain,
+                    "-m",
+                    "comment",
+                    "--comment",
+                    _q(f"pod traffic for {name} external destinations"),
+                    "-s",
+                    str(local_cidr),
+                    "-j",
+                    cluster_chain,
+                )
+            rule(
+                ext_chain,
+                "-m",
+                "comment",
+                "--comment",
+                _q(f"masquerade LOCAL traffic for {name} external destinations"),
+                "-m",
+                "addrtype",
+                "--src-type",
+                "LOCAL",
+                "-j",
+                mark_masq,
+            )
+            rule(
+                ext_chain,
+                "-m",
+                "comment",
+                "--comment",
+                _q(f"route LOCAL traffic for {name} external destinations"),
+                "-m",
+                "addrtype",
+                "--src-type",
+                "LOCAL",
+                "-j",
+                cluster_chain,
+            )
         if has_external:
             rule(ext_chain, "-j", external_policy_chain)
 
@@ -339,8 +533,13 @@ def render_service(svc: ServicePort, endpoints: tuple[Endpoint, ...], state: Pro
         if allow_node:
             for lbip in svc.load_balancer_ips:
                 rule(fw_chain, *base, "-s", str(lbip), "-j", ext_chain)
-        rule(fw_chain, "-m", "comment", "--comment",
-             _q(f"other traffic to {name} will be dropped by KUBE-PROXY-FIREWALL"))
+        rule(
+            fw_chain,
+            "-m",
+            "comment",
+            "--comment",
+            _q(f"other traffic to {name} will be dropped by KUBE-PROXY-FIREWALL"),
+        )
 
     def svc_to_endpoints(chain: str, eps: tuple[Endpoint, ...]) -> None:
         chains[chain] = [line for line in internal_rules if line.startswith(f"-A {chain} ")]
@@ -348,8 +547,20 @@ def render_service(svc: ServicePort, endpoints: tuple[Endpoint, ...], state: Pro
             for ep in eps:
                 sep = names.endpoint_chain(spn, ep)
                 comment = () if large else ("-m", "comment", "--comment", _q(f"{name} -> {ep}"))
-                rule(chain, *comment, "-m", "recent", "--name", sep, "--rcheck", "--seconds",
-                     str(svc.sticky_max_age_seconds), "--reap", "-j", sep)
+                rule(
+                    chain,
+                    *comment,
+                    "-m",
+                    "recent",
+                    "--name",
+                    sep,
+                    "--rcheck",
+                    "--seconds",
+                    str(svc.sticky_max_age_seconds),
+                    "--reap",
+                    "-j",
+                    sep,
+                )
         n = len(eps)
         for i, ep in enumerate(eps):
             sep = names.endpoint_chain(spn, ep)
@@ -357,8 +568,14 @@ def render_service(svc: ServicePort, endpoints: tuple[Endpoint, ...], state: Pro
             if not large:
                 args += ["-m", "comment", "--comment", _q(f"{name} -> {ep}")]
             if i < n - 1:
-                args += ["-m", "statistic", "--mode", "random", "--probability",
-                         _probability(n - i)]
+                args += [
+                    "-m",
+                    "statistic",
+                    "--mode",
+                    "random",
+                    "--probability",
+                    _probability(n - i),
+                ]
             rule(chain, *args, "-j", sep)
 
     if uses_cluster_chain:
@@ -371,9 +588,22 @@ def render_service(svc: ServicePort, endpoints: tuple[Endpoint, ...], state: Pro
         chains[sep] = []
         comment: tuple[str, ...] = () if large else ("-m", "comment", "--comment", _q(name))
         rule(sep, *comment, "-s", str(ep.ip), "-j", mark_masq)
-        affinity = ("-m", "recent", "--name", sep, "--set") if svc.session_affinity_client_ip else ()
-        rule(sep, *comment, *affinity, "-m", proto, "-p", proto, "-j", "DNAT",
-             "--to-destination", str(ep))
+        affinity = (
+            ("-m", "recent", "--name", sep, "--set") if svc.session_affinity_client_ip else ()
+        )
+        rule(
+            sep,
+            *comment,
+            *affinity,
+            "-m",
+            proto,
+            "-p",
+            proto,
+            "-j",
+            "DNAT",
+            "--to-destination",
+            str(ep),
+        )
     return out
 
 
@@ -411,8 +641,10 @@ def render(state: ProxyState, cfg: IptablesConfig) -> Rendered:
         if merged is None:
             per_service[key] = sr
         else:  # several ports of one service: one partial-sync unit
-            for table_src, table_dst in ((sr.top_filter, merged.top_filter),
-                                         (sr.top_nat, merged.top_nat)):
+            for table_src, table_dst in (
+                (sr.top_filter, merged.top_filter),
+                (sr.top_nat, merged.top_nat),
+            ):
                 for chain, lines in table_src.items():
                     table_dst.setdefault(chain, []).extend(lines)
             merged.chains.update(sr.chains)
@@ -432,8 +664,20 @@ def render(state: ProxyState, cfg: IptablesConfig) -> Rendered:
         elif not cfg.localhost_nodeports:
             dest += ["!", "-d", "127.0.0.0/8"]
         nat_top[KUBE_SERVICES].append(
-            " ".join(["-A", KUBE_SERVICES, "-m", "comment", "--comment", np_comment, *dest,
-                      "-j", KUBE_NODEPORTS]))
+            " ".join(
+                [
+                    "-A",
+                    KUBE_SERVICES,
+                    "-m",
+                    "comment",
+                    "--comment",
+                    np_comment,
+                    *dest,
+                    "-j",
+                    KUBE_NODEPORTS,
+                ]
+            )
+        )
     else:
         for ip in cfg.nodeport_ips:
             if IPFamily.of(ip) is not cfg.family:
@@ -441,7 +685,8 @@ def render(state: ProxyState, cfg: IptablesConfig) -> Rendered:
             if ip.is_loopback and not cfg.localhost_enabled:
                 continue
             nat_top[KUBE_SERVICES].append(
-                f"-A {KUBE_SERVICES} -m comment --comment {np_comment} -d {ip} -j {KUBE_NODEPORTS}")
+                f"-A {KUBE_SERVICES} -m comment --comment {np_comment} -d {ip} -j {KUBE_NODEPORTS}"
+            )
 
     if not cfg.conntrack_tcp_liberal:
         filter_top[KUBE_FORWARD].append(f"-A {KUBE_FORWARD} -m conntrack --ctstate INVALID -j DROP")

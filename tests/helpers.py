@@ -1,0 +1,87 @@
+"""Builders for API-shaped objects (what the API server returns), shared by the tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyproxy.model.events import Event, EventType
+from pyproxy.tracker import ChangeTracker
+
+
+def service(ns: str, name: str, cluster_ip: str | None, ports: list[dict[str, Any]],
+            **spec: Any) -> dict[str, Any]:
+    status = spec.pop("status", {})
+    labels = spec.pop("labels", None)
+    body: dict[str, Any] = {"ports": ports, **spec}
+    if cluster_ip is not None:
+        body["clusterIP"] = cluster_ip
+    meta: dict[str, Any] = {"name": name, "namespace": ns}
+    if labels:
+        meta["labels"] = labels
+    return {"kind": "Service", "metadata": meta, "spec": body, "status": status}
+
+
+def port(name: str, number: int, protocol: str = "TCP", **extra: Any) -> dict[str, Any]:
+    return {"name": name, "port": number, "protocol": protocol, **extra}
+
+
+def endpoint(ip: str, node: str | None = None, ready: bool | None = None,
+             serving: bool | None = None, terminating: bool | None = None,
+             zones: list[str] | None = None) -> dict[str, Any]:
+    ep: dict[str, Any] = {"addresses": [ip]}
+    conds = {k: v for k, v in (("ready", ready), ("serving", serving),
+                               ("terminating", terminating)) if v is not None}
+    if conds:
+        ep["conditions"] = conds
+    if node:
+        ep["nodeName"] = node
+    if zones is not None:
+        ep["hints"] = {"forZones": [{"name": z} for z in zones]}
+    return ep
+
+
+def endpoint_slice(ns: str, svc: str, name: str, endpoints: list[dict[str, Any]],
+                   ports: list[dict[str, Any]], address_type: str = "IPv4",
+                   annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": ns,
+                            "labels": {"kubernetes.io/service-name": svc}}
+    if annotations:
+        meta["annotations"] = annotations
+    return {"kind": "EndpointSlice", "metadata": meta, "addressType": address_type,
+            "endpoints": endpoints, "ports": ports}
+
+
+def node(name: str, zone: str | None = None) -> dict[str, Any]:
+    labels = {"topology.kubernetes.io/zone": zone} if zone else {}
+    return {"kind": "Node", "metadata": {"name": name, "labels": labels}}
+
+
+def tracker_with(node_name: str, *objs: dict[str, Any]) -> ChangeTracker:
+    t = ChangeTracker(node_name)
+    for kind in ("Service", "EndpointSlice", "Node"):
+        t.apply(Event(kind, EventType.REPLACE, objects=[o for o in objs if o["kind"] == kind]))
+        t.apply(Event(kind, EventType.SYNCED))
+    return t
+
+
+def parse_restore(text: str) -> dict[str, dict[str, Any]]:
+    """iptables-restore text -> per table: declared chains, each chain's rules in order,
+    deleted chains. Order matters only within a chain, as in upstream's own comparison."""
+    tables: dict[str, dict[str, Any]] = {}
+    cur: dict[str, Any] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or line == "COMMIT":
+            continue
+        if line.startswith("*"):
+            cur = tables.setdefault(line[1:], {"chains": set(), "rules": {}, "deleted": set()})
+        elif line.startswith(":"):
+            cur["chains"].add(line[1:].split()[0])
+        elif line.startswith("-A "):
+            chain = line.split()[1]
+            cur["rules"].setdefault(chain, []).append(line)
+        elif line.startswith("-X "):
+            cur["deleted"].add(line.split()[1])
+        else:
+            raise AssertionError(f"unexpected line {line!r}")
+    return tables
