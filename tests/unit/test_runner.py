@@ -1,0 +1,85 @@
+"""Bounded-frequency runner, driven by a fake clock (no sleeps, no threads)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pyproxy.runner import BoundedFrequencyRunner
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(min_i: float = 1.0, max_i: float = 30.0, fail: list[bool] | None = None):
+    clock = Clock()
+    calls: list[float] = []
+    fails = fail if fail is not None else []
+
+    def fn() -> None:
+        calls.append(clock.t)
+        if fails and fails.pop(0):
+            raise RuntimeError("boom")
+
+    return BoundedFrequencyRunner(fn, min_i, max_i, retry_min=1.0, clock=clock), clock, calls
+
+
+def test_first_run_is_immediate_then_at_most_once_per_min_interval() -> None:
+    r, clock, calls = make()
+    r.tick()
+    assert calls == [1000.0]
+    for _ in range(50):  # a burst of requests within min_interval
+        r.run()
+        clock.t += 0.01
+        r.tick()
+    assert len(calls) == 1
+    clock.t = 1001.0
+    r.tick()
+    assert len(calls) == 2  # the burst was coalesced into one run
+    r.tick()
+    assert len(calls) == 2
+
+
+def test_runs_at_least_once_per_max_interval() -> None:
+    r, clock, calls = make(max_i=30.0)
+    r.tick()
+    clock.t += 29.9
+    r.tick()
+    assert len(calls) == 1
+    clock.t += 0.1
+    r.tick()
+    assert len(calls) == 2
+
+
+def test_failure_retries_with_backoff_and_never_raises() -> None:
+    r, clock, calls = make(min_i=0.0, fail=[True, True, True, False])
+    r.tick()
+    assert r.failures == 1
+    clock.t += 0.5
+    r.tick()
+    assert len(calls) == 1  # retry after 1s
+    clock.t += 0.5
+    r.tick()
+    assert len(calls) == 2 and r.failures == 2
+    clock.t += 1.5
+    r.tick()
+    assert len(calls) == 2  # backoff doubled to 2s
+    clock.t += 0.5
+    r.tick()
+    assert len(calls) == 3
+    clock.t += 4.0
+    r.tick()
+    assert len(calls) == 4 and r.failures == 3  # then success
+
+
+def test_next_due_and_validation() -> None:
+    r, clock, _ = make(min_i=2.0)
+    r.tick()
+    r.run()
+    assert r.next_due() == clock.t + 2.0
+    with pytest.raises(ValueError):
+        BoundedFrequencyRunner(lambda: None, 5.0, 1.0)
