@@ -58,7 +58,7 @@ class BoundedFrequencyRunner:
 
     def _next_due_locked(self) -> float:
         if self._last_run is None:
-            return self._clock()
+            return float("-inf")  # never ran: due now
         earliest = self._last_run + self.min_interval
         due = self._last_run + self.max_interval
         if self._requested:
@@ -71,8 +71,9 @@ class BoundedFrequencyRunner:
         """Run the function if it is due; return the seconds until the next check."""
         with self._cond:
             now = self._clock()
-            if now < self._next_due_locked():
-                return self._next_due_locked() - now
+            due = self._next_due_locked()
+            if now < due:
+                return due - now
             self._requested = False
             self._retry_at = None
             self._last_run = now

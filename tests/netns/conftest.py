@@ -1,0 +1,49 @@
+"""Fixtures for the namespace tests: one world and one pyproxy per module.
+
+Each test writes its own manifest file (own service IPs), waits for its rules, probes with
+real packets and removes the file. Skipped, with the reason, where namespaces are unavailable.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.netns.world import Pyproxy, World, can_run
+
+REASON = can_run()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/netns" in str(item.fspath) and REASON:
+            item.add_marker(pytest.mark.skip(reason=REASON))
+
+
+@pytest.fixture(scope="module")
+def world(request: pytest.FixtureRequest) -> Iterator[World]:
+    tag = f"{os.getpid() % 10000}{abs(hash(request.module.__name__)) % 100}"
+    w = World(tag).build(pod_count=4, client_count=2)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+@pytest.fixture(scope="module")
+def proxy(world: World, tmp_path_factory: pytest.TempPathFactory,
+          request: pytest.FixtureRequest) -> Iterator[Pyproxy]:
+    d = tmp_path_factory.mktemp("manifests")
+    extra = getattr(request.module, "PYPROXY_FLAGS", ())
+    p = Pyproxy(world, d, d.parent / f"{d.name}-pyproxy.log", *extra).start()
+    try:
+        yield p
+    finally:
+        p.stop()
+        log = Path(p.log)
+        if log.exists():
+            print(f"--- pyproxy log ({log}) tail ---\n" + "\n".join(
+                log.read_text().splitlines()[-40:]))

@@ -1,0 +1,50 @@
+"""A pod's echo server: TCP and UDP answer "<pod name> <client ip>".
+
+TCP: the greeting is sent on connect; each further line is answered with "<name> <line>",
+so a held connection shows which pod it is still talking to. Runs until killed, inside the
+pod's network namespace only."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--tcp", type=int, default=8080)
+    ap.add_argument("--udp", type=int, default=5353)
+    args = ap.parse_args()
+    name = args.name
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")[0]
+        try:
+            writer.write(f"{name} {peer}\n".encode())
+            await writer.drain()
+            while line := await reader.readline():
+                writer.write(f"{name} {line.decode().strip()}\n".encode())
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    class Udp(asyncio.DatagramProtocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport
+
+        def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+            self.transport.sendto(f"{name} {addr[0]}".encode(), addr)  # type: ignore[attr-defined]
+
+    server = await asyncio.start_server(handle, "0.0.0.0", args.tcp)
+    loop = asyncio.get_running_loop()
+    await loop.create_datagram_endpoint(Udp, local_addr=("0.0.0.0", args.udp))
+    print("ready", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,266 @@
+"""A small cluster built out of network namespaces, for tests and the demo.
+
+One "node" namespace (where pyproxy runs and programs rules), pod namespaces joined to it by
+veth pairs (pod i: 10.244.i.2, its gateway on the node 10.244.i.1), and client namespaces
+standing for machines outside the cluster (172.31.0.2, 172.31.0.3, ...) whose default route
+is the node. Every address, route and rule lives inside these namespaces; links are created
+inside the node namespace, so nothing ever appears in the machine's own namespace.
+``close()`` kills what it started and deletes every namespace it made, also after a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+PYTHON = sys.executable
+PYPROXY = str(Path(sys.executable).with_name("pyproxy"))
+CLUSTER_CIDR = "10.244.0.0/16"
+NODE_CLIENT_IP = "172.31.0.1"
+
+
+def can_run() -> str | None:
+    """None when namespaces can be built here, else the reason they cannot."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    for tool in ("ip", "iptables-nft", "iptables-legacy", "conntrack"):
+        if subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True).returncode:
+            return f"{tool} is not installed (run make install as root)"
+    return None
+
+
+def sh(*cmd: str, check: bool = True, timeout: float = 60,
+       input: str | None = None) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, input=input)
+    if check and res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {res.stderr.strip()}")
+    return res
+
+
+@dataclass
+class Pod:
+    name: str
+    index: int
+
+    @property
+    def ip(self) -> str:
+        return f"10.244.{self.index}.2"
+
+
+@dataclass
+class World:
+    tag: str
+    pods: list[Pod] = field(default_factory=list)
+    clients: list[str] = field(default_factory=list)
+    namespaces: list[str] = field(default_factory=list)
+    procs: list[subprocess.Popen[str]] = field(default_factory=list)
+
+    @property
+    def node(self) -> str:
+        return f"pp{self.tag}-node"
+
+    def client(self, i: int = 0) -> str:
+        return self.clients[i]
+
+    def client_ip(self, i: int = 0) -> str:
+        return f"172.31.0.{i + 2}"
+
+    def ns_of(self, pod: Pod) -> str:
+        return f"pp{self.tag}-{pod.name}"
+
+    # ---- building ---------------------------------------------------------------------
+
+    def _add_ns(self, name: str) -> None:
+        sh("ip", "netns", "add", name)
+        self.namespaces.append(name)
+        sh("ip", "-n", name, "link", "set", "lo", "up")
+
+    def build(self, pod_count: int = 3, client_count: int = 2) -> World:
+        try:
+            self._add_ns(self.node)
+            self.exec(self.node, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+            self.exec(self.node, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
+            # Tests count ICMP rejects one by one; the kernel's per-host rate limit would
+            # swallow some of a quick burst.
+            self.exec(self.node, "sysctl", "-qw", "net.ipv4.icmp_ratelimit=0")
+            sh("ip", "-n", self.node, "link", "add", "cbr", "type", "bridge")
+            sh("ip", "-n", self.node, "addr", "add", f"{NODE_CLIENT_IP}/24", "dev", "cbr")
+            sh("ip", "-n", self.node, "link", "set", "cbr", "up")
+            # Like a real node, route everything somewhere: an absent host on the client
+            # bridge, inside this world (so a dropped packet is silent, as on a real node).
+            sh("ip", "-n", self.node, "route", "add", "default", "via", "172.31.0.254")
+            for i in range(client_count):
+                self.add_client(i)
+            for i in range(1, pod_count + 1):
+                self.add_pod(f"pod-{i}", i)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def add_client(self, i: int) -> str:
+        name = f"pp{self.tag}-client{i}"
+        self._add_ns(name)
+        link = f"c{i}"
+        sh("ip", "-n", self.node, "link", "add", link, "type", "veth", "peer", "name", "eth0",
+           "netns", name)
+        sh("ip", "-n", self.node, "link", "set", link, "master", "cbr", "up")
+        sh("ip", "-n", name, "addr", "add", f"{self.client_ip(i)}/24", "dev", "eth0")
+        sh("ip", "-n", name, "link", "set", "eth0", "up")
+        sh("ip", "-n", name, "route", "add", "default", "via", NODE_CLIENT_IP)
+        self.clients.append(name)
+        return name
+
+    def add_pod(self, name: str, index: int, echo: bool = True) -> Pod:
+        pod = Pod(name, index)
+        ns = self.ns_of(pod)
+        self._add_ns(ns)
+        link = f"p{index}"
+        sh("ip", "-n", self.node, "link", "add", link, "type", "veth", "peer", "name", "eth0",
+           "netns", ns)
+        sh("ip", "-n", self.node, "addr", "add", f"10.244.{index}.1/24", "dev", link)
+        sh("ip", "-n", self.node, "link", "set", link, "up")
+        sh("ip", "-n", ns, "addr", "add", f"{pod.ip}/24", "dev", "eth0")
+        sh("ip", "-n", ns, "link", "set", "eth0", "up")
+        sh("ip", "-n", ns, "route", "add", "default", "via", f"10.244.{index}.1")
+        self.pods.append(pod)
+        if echo:
+            self.start_echo(pod)
+        return pod
+
+    def start_echo(self, pod: Pod) -> subprocess.Popen[str]:
+        p = self.spawn(self.ns_of(pod), PYTHON, str(HERE / "echo.py"), "--name", pod.name)
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"echo server in {pod.name} did not start")
+        return p
+
+    # ---- running ----------------------------------------------------------------------
+
+    def exec(self, ns: str, *cmd: str, check: bool = True, timeout: float = 60,
+             input: str | None = None) -> subprocess.CompletedProcess[str]:
+        return sh("ip", "netns", "exec", ns, *cmd, check=check, timeout=timeout, input=input)
+
+    def spawn(self, ns: str, *cmd: str, stdout: Any = subprocess.PIPE,
+              stderr: Any = subprocess.DEVNULL, stdin: Any = None) -> subprocess.Popen[str]:
+        p = subprocess.Popen(["ip", "netns", "exec", ns, *cmd], stdout=stdout, stderr=stderr,
+                             stdin=stdin, text=True, start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def probe(self, proto: str, host: str, port: int, count: int = 1, client: int = 0,
+              timeout: float = 2.0, sport: int = 0, ns: str | None = None) -> dict[str, Any]:
+        args = [PYTHON, str(HERE / "probe.py"), proto, host, str(port), "--count", str(count),
+                "--timeout", str(timeout)]
+        if sport:
+            args += ["--sport", str(sport)]
+        res = self.exec(ns or self.client(client), *args, timeout=count * timeout + 30)
+        out: dict[str, Any] = json.loads(res.stdout)
+        return out
+
+    def iptables_save(self, table: str = "nat", backend: str = "nft") -> str:
+        return self.exec(self.node, f"iptables-{backend}-save", "-t", table).stdout
+
+    def stop(self, p: subprocess.Popen[str], sig: int = signal.SIGTERM, wait: float = 10) -> None:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, sig)
+            try:
+                p.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=wait)
+
+    def close(self) -> None:
+        for p in reversed(self.procs):
+            self.stop(p, wait=5)
+        self.procs.clear()
+        for ns in reversed(self.namespaces):
+            sh("ip", "netns", "del", ns, check=False)
+        self.namespaces.clear()
+
+
+class Pyproxy:
+    """pyproxy running in the node namespace against a manifests directory."""
+
+    def __init__(self, world: World, manifests: Path, log: Path, *extra: str,
+                 mode: str = "iptables") -> None:
+        self.world = world
+        self.manifests = manifests
+        self.log = log
+        self.args = ["--mode", mode, "--manifests", str(manifests), "--hostname-override",
+                     "node-a", "--cluster-cidr", CLUSTER_CIDR, "--min-sync-period", "0.1s",
+                     "--metrics-bind-address", "", "--healthz-bind-address", "", *extra]
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> Pyproxy:
+        self.proc = self.world.spawn(self.world.node, PYPROXY, *self.args,
+                                     stdout=self.log.open("a"), stderr=subprocess.STDOUT)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.world.stop(self.proc)
+            self.proc = None
+
+    def syncs(self) -> int:
+        return self.log.read_text().count("synced ")
+
+    def write(self, name: str, *docs: dict[str, Any]) -> None:
+        import yaml
+
+        path = self.manifests / f"{name}.yaml"
+        tmp = self.manifests / f".{name}.tmp"
+        tmp.write_text(yaml.safe_dump_all(docs))
+        tmp.replace(path)
+
+    def remove(self, name: str) -> None:
+        (self.manifests / f"{name}.yaml").unlink(missing_ok=True)
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 15.0, interval: float = 0.1,
+             what: str = "condition") -> Any:
+    """Poll ``pred`` until it returns something truthy; bounded by ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def names_in(result: dict[str, Any]) -> set[str]:
+    return set(result["replies"])
+
+
+def total(result: dict[str, Any]) -> int:
+    return int(sum(result["replies"].values()))
+
+
+def manifest_objects(world: World, svc: dict[str, Any], pods: Sequence[Pod],
+                     ports: Sequence[dict[str, Any]], node_of: Callable[[Pod], str] | None = None,
+                     slice_name: str | None = None) -> list[dict[str, Any]]:
+    """A Service plus an EndpointSlice naming ``pods`` (all on node-a unless ``node_of``)."""
+    meta = svc["metadata"]
+    eps = [{"addresses": [p.ip], "conditions": {"ready": True},
+            "nodeName": node_of(p) if node_of else "node-a"} for p in pods]
+    sl = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+          "metadata": {"name": slice_name or f"{meta['name']}-1", "namespace": meta["namespace"],
+                       "labels": {"kubernetes.io/service-name": meta["name"]}},
+          "addressType": "IPv4", "ports": list(ports), "endpoints": eps}
+    return [svc, sl]
