@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 
 
 async def main() -> None:
@@ -38,9 +39,13 @@ async def main() -> None:
         def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
             self.transport.sendto(f"{name} {addr[0]}".encode(), addr)  # type: ignore[attr-defined]
 
-    server = await asyncio.start_server(handle, "0.0.0.0", args.tcp)
+    server = await asyncio.start_server(handle, ["0.0.0.0", "::"], args.tcp)
     loop = asyncio.get_running_loop()
     await loop.create_datagram_endpoint(Udp, local_addr=("0.0.0.0", args.udp))
+    v6 = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    v6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    v6.bind(("::", args.udp))
+    await loop.create_datagram_endpoint(Udp, sock=v6)
     print("ready", flush=True)
     async with server:
         await server.serve_forever()

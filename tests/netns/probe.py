@@ -32,10 +32,11 @@ def main() -> None:
                     s.settimeout(args.timeout)
                     data = s.makefile().readline()
             else:
-                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+                with socket.socket(family, socket.SOCK_DGRAM) as s:
                     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                     if args.sport:
-                        s.bind(("0.0.0.0", args.sport))
+                        s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", args.sport))
                     s.settimeout(args.timeout)
                     s.sendto(b"hi", (args.host, args.port))
                     data = s.recv(200).decode()

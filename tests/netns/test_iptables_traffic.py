@@ -4,6 +4,7 @@ servers, client namespaces outside the cluster. Every assertion is about which p
 
 from __future__ import annotations
 
+import re
 import subprocess
 from typing import Any
 
@@ -12,7 +13,9 @@ import pytest
 from tests.netns.iptables_compare import canonical, kube_rules, load_in_scratch_namespace
 from tests.netns.world import (
     CLUSTER_CIDR,
+    CLUSTER_CIDR6,
     NODE_CLIENT_IP,
+    NODE_CLIENT_IP6,
     PYPROXY,
     PYTHON,
     Pod,
@@ -178,12 +181,38 @@ def test_hairpin_pod_reaches_itself_through_its_service(world: World, proxy: Pyp
     assert r["sources"]["pod-1"] == ["10.244.1.1"]
 
 
+def test_dual_stack_service(world: World, proxy: Pyproxy) -> None:
+    proxy.write("dual", *manifest_objects(
+        world, svc("dual", "10.96.1.12", [{**HTTP, "nodePort": 30084}, {**DNS, "nodePort": 30054}],
+                   type="NodePort", clusterIPs=["10.96.1.12", "fd00:96::12"],
+                   ipFamilies=["IPv4", "IPv6"], ipFamilyPolicy="RequireDualStack"),
+        pods(world, 1, 2), HTTP_EP + DNS_EP, ipv6=True))
+    reachable(world, "fd00:96::12")
+    for host, port, proto in (("fd00:96::12", 80, "tcp"), ("fd00:96::12", 53, "udp"),
+                              (NODE_CLIENT_IP6, 30084, "tcp"), (NODE_CLIENT_IP6, 30054, "udp"),
+                              ("10.96.1.12", 80, "tcp")):
+        r = world.probe(proto, host, port, count=40)
+        assert names_in(r) == {"pod-1", "pod-2"} and total(r) == 40, (host, port, proto, r)
+    assert "fd00:96::12" in world.exec(world.node, "ip6tables-nft-save", "-t", "nat").stdout
+
+
+def test_sctp_rules_load(world: World, proxy: Pyproxy) -> None:
+    """This kernel has no SCTP sockets, so no SCTP traffic; the rules must still load."""
+    proxy.write("sctp", *manifest_objects(
+        world, svc("sctp", "10.96.1.13", [{"name": "s", "port": 9999, "protocol": "SCTP",
+                                           "nodePort": 30099}], type="NodePort"),
+        pods(world, 1), [{"name": "s", "port": 9999, "protocol": "SCTP"}]))
+    wait_for(lambda: re.search(r"KUBE-NODEPORTS -p sctp .*-m sctp --dport 30099 ",
+                               world.iptables_save("nat")), what="the SCTP NodePort rule")
+    assert "--to-destination 10.244.1.2:9999" in world.iptables_save("nat")
+
+
 def test_kernel_rules_after_partial_syncs_equal_a_full_render(world: World,
                                                               proxy: Pyproxy) -> None:
     """After all the partial syncs above, the kernel holds what a full sync would write."""
     render = subprocess.run(
         [PYPROXY, "render", "--manifests", str(proxy.manifests), "--node", "node-a",
-         "--cluster-cidr", CLUSTER_CIDR], capture_output=True, text=True, check=True).stdout
+         "--cluster-cidr", f"{CLUSTER_CIDR},{CLUSTER_CIDR6}"], capture_output=True, text=True, check=True).stdout
     loaded = load_in_scratch_namespace(world, render.split("# IPv6")[0])
     expected = {t: canonical(r) for t, r in loaded.items()}
     got = {t: canonical(kube_rules(world.iptables_save(t))) for t in ("filter", "nat")}

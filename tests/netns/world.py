@@ -28,6 +28,8 @@ PYTHON = sys.executable
 PYPROXY = str(Path(sys.executable).with_name("pyproxy"))
 CLUSTER_CIDR = "10.244.0.0/16"
 NODE_CLIENT_IP = "172.31.0.1"
+NODE_CLIENT_IP6 = "fd00:31::1"
+CLUSTER_CIDR6 = "fd00:244::/48"
 
 
 def can_run() -> str | None:
@@ -57,6 +59,10 @@ class Pod:
     def ip(self) -> str:
         return f"10.244.{self.index}.2"
 
+    @property
+    def ip6(self) -> str:
+        return f"fd00:244:{self.index}::2"
+
 
 @dataclass
 class World:
@@ -75,6 +81,9 @@ class World:
 
     def client_ip(self, i: int = 0) -> str:
         return f"172.31.0.{i + 2}"
+
+    def client_ip6(self, i: int = 0) -> str:
+        return f"fd00:31::{i + 2}"
 
     def ns_of(self, pod: Pod) -> str:
         return f"pp{self.tag}-{pod.name}"
@@ -96,10 +105,13 @@ class World:
             self.exec(self.node, "sysctl", "-qw", "net.ipv4.icmp_ratelimit=0")
             sh("ip", "-n", self.node, "link", "add", "cbr", "type", "bridge")
             sh("ip", "-n", self.node, "addr", "add", f"{NODE_CLIENT_IP}/24", "dev", "cbr")
+            sh("ip", "-n", self.node, "addr", "add", f"{NODE_CLIENT_IP6}/64", "dev", "cbr",
+               "nodad")
             sh("ip", "-n", self.node, "link", "set", "cbr", "up")
             # Like a real node, route everything somewhere: an absent host on the client
             # bridge, inside this world (so a dropped packet is silent, as on a real node).
             sh("ip", "-n", self.node, "route", "add", "default", "via", "172.31.0.254")
+            sh("ip", "-n", self.node, "-6", "route", "add", "default", "via", "fd00:31::fe")
             for i in range(client_count):
                 self.add_client(i)
             for i in range(1, pod_count + 1):
@@ -119,6 +131,8 @@ class World:
         sh("ip", "-n", name, "addr", "add", f"{self.client_ip(i)}/24", "dev", "eth0")
         sh("ip", "-n", name, "link", "set", "eth0", "up")
         sh("ip", "-n", name, "route", "add", "default", "via", NODE_CLIENT_IP)
+        sh("ip", "-n", name, "addr", "add", f"fd00:31::{i + 2}/64", "dev", "eth0", "nodad")
+        sh("ip", "-n", name, "-6", "route", "add", "default", "via", NODE_CLIENT_IP6)
         self.clients.append(name)
         return name
 
@@ -134,6 +148,9 @@ class World:
         sh("ip", "-n", ns, "addr", "add", f"{pod.ip}/24", "dev", "eth0")
         sh("ip", "-n", ns, "link", "set", "eth0", "up")
         sh("ip", "-n", ns, "route", "add", "default", "via", f"10.244.{index}.1")
+        sh("ip", "-n", self.node, "addr", "add", f"fd00:244:{index}::1/64", "dev", link, "nodad")
+        sh("ip", "-n", ns, "addr", "add", f"{pod.ip6}/64", "dev", "eth0", "nodad")
+        sh("ip", "-n", ns, "-6", "route", "add", "default", "via", f"fd00:244:{index}::1")
         self.pods.append(pod)
         if echo:
             self.start_echo(pod)
@@ -202,7 +219,7 @@ class Pyproxy:
         self.manifests = manifests
         self.log = log
         self.args = ["--mode", mode, "--manifests", str(manifests), "--hostname-override",
-                     "node-a", "--cluster-cidr", CLUSTER_CIDR, "--min-sync-period", "0.1s",
+                     "node-a", "--cluster-cidr", f"{CLUSTER_CIDR},{CLUSTER_CIDR6}", "--min-sync-period", "0.1s",
                      "--metrics-bind-address", "", "--healthz-bind-address", "", *extra]
         self.proc: subprocess.Popen[str] | None = None
 
@@ -254,13 +271,18 @@ def total(result: dict[str, Any]) -> int:
 
 def manifest_objects(world: World, svc: dict[str, Any], pods: Sequence[Pod],
                      ports: Sequence[dict[str, Any]], node_of: Callable[[Pod], str] | None = None,
-                     slice_name: str | None = None) -> list[dict[str, Any]]:
-    """A Service plus an EndpointSlice naming ``pods`` (all on node-a unless ``node_of``)."""
+                     slice_name: str | None = None, ipv6: bool = False) -> list[dict[str, Any]]:
+    """A Service plus an EndpointSlice naming ``pods`` (all on node-a unless ``node_of``);
+    with ``ipv6`` a second, IPv6 slice as the EndpointSlice controller writes for dual-stack."""
     meta = svc["metadata"]
-    eps = [{"addresses": [p.ip], "conditions": {"ready": True},
-            "nodeName": node_of(p) if node_of else "node-a"} for p in pods]
-    sl = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-          "metadata": {"name": slice_name or f"{meta['name']}-1", "namespace": meta["namespace"],
-                       "labels": {"kubernetes.io/service-name": meta["name"]}},
-          "addressType": "IPv4", "ports": list(ports), "endpoints": eps}
-    return [svc, sl]
+    out = [svc]
+    for family in ("IPv4", "IPv6") if ipv6 else ("IPv4",):
+        eps = [{"addresses": [p.ip if family == "IPv4" else p.ip6],
+                "conditions": {"ready": True},
+                "nodeName": node_of(p) if node_of else "node-a"} for p in pods]
+        name = slice_name or f"{meta['name']}-{family.lower()}"
+        out.append({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                    "metadata": {"name": name, "namespace": meta["namespace"],
+                                 "labels": {"kubernetes.io/service-name": meta["name"]}},
+                    "addressType": family, "ports": list(ports), "endpoints": eps})
+    return out
