@@ -32,6 +32,9 @@ lint: $(BIN)/pyproxy
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+bench: $(BIN)/pyproxy
+	$(BIN)/python -m tests.bench.partial_sync --services 10000 --endpoints 2 --backend nft
+
 demo: $(BIN)/pyproxy
 	$(BIN)/python -m tests.demo
 

@@ -8,8 +8,9 @@ from pyproxy.model.events import Event, EventType
 from pyproxy.tracker import ChangeTracker
 
 
-def service(ns: str, name: str, cluster_ip: str | None, ports: list[dict[str, Any]],
-            **spec: Any) -> dict[str, Any]:
+def service(
+    ns: str, name: str, cluster_ip: str | None, ports: list[dict[str, Any]], **spec: Any
+) -> dict[str, Any]:
     status = spec.pop("status", {})
     labels = spec.pop("labels", None)
     body: dict[str, Any] = {"ports": ports, **spec}
@@ -25,12 +26,20 @@ def port(name: str, number: int, protocol: str = "TCP", **extra: Any) -> dict[st
     return {"name": name, "port": number, "protocol": protocol, **extra}
 
 
-def endpoint(ip: str, node: str | None = None, ready: bool | None = None,
-             serving: bool | None = None, terminating: bool | None = None,
-             zones: list[str] | None = None) -> dict[str, Any]:
+def endpoint(
+    ip: str,
+    node: str | None = None,
+    ready: bool | None = None,
+    serving: bool | None = None,
+    terminating: bool | None = None,
+    zones: list[str] | None = None,
+) -> dict[str, Any]:
     ep: dict[str, Any] = {"addresses": [ip]}
-    conds = {k: v for k, v in (("ready", ready), ("serving", serving),
-                               ("terminating", terminating)) if v is not None}
+    conds = {
+        k: v
+        for k, v in (("ready", ready), ("serving", serving), ("terminating", terminating))
+        if v is not None
+    }
     if conds:
         ep["conditions"] = conds
     if node:
@@ -40,15 +49,29 @@ def endpoint(ip: str, node: str | None = None, ready: bool | None = None,
     return ep
 
 
-def endpoint_slice(ns: str, svc: str, name: str, endpoints: list[dict[str, Any]],
-                   ports: list[dict[str, Any]], address_type: str = "IPv4",
-                   annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": ns,
-                            "labels": {"kubernetes.io/service-name": svc}}
+def endpoint_slice(
+    ns: str,
+    svc: str,
+    name: str,
+    endpoints: list[dict[str, Any]],
+    ports: list[dict[str, Any]],
+    address_type: str = "IPv4",
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": ns,
+        "labels": {"kubernetes.io/service-name": svc},
+    }
     if annotations:
         meta["annotations"] = annotations
-    return {"kind": "EndpointSlice", "metadata": meta, "addressType": address_type,
-            "endpoints": endpoints, "ports": ports}
+    return {
+        "kind": "EndpointSlice",
+        "metadata": meta,
+        "addressType": address_type,
+        "endpoints": endpoints,
+        "ports": ports,
+    }
 
 
 def node(name: str, zone: str | None = None) -> dict[str, Any]:

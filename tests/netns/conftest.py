@@ -34,8 +34,9 @@ def world(request: pytest.FixtureRequest) -> Iterator[World]:
 
 
 @pytest.fixture(scope="module")
-def proxy(world: World, tmp_path_factory: pytest.TempPathFactory,
-          request: pytest.FixtureRequest) -> Iterator[Pyproxy]:
+def proxy(
+    world: World, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Pyproxy]:
     d = tmp_path_factory.mktemp("manifests")
     extra = getattr(request.module, "PYPROXY_FLAGS", ())
     p = Pyproxy(world, d, d.parent / f"{d.name}-pyproxy.log", *extra).start()
@@ -45,5 +46,7 @@ def proxy(world: World, tmp_path_factory: pytest.TempPathFactory,
         p.stop()
         log = Path(p.log)
         if log.exists():
-            print(f"--- pyproxy log ({log}) tail ---\n" + "\n".join(
-                log.read_text().splitlines()[-40:]))
+            print(
+                f"--- pyproxy log ({log}) tail ---\n"
+                + "\n".join(log.read_text().splitlines()[-40:])
+            )

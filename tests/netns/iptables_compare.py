@@ -22,15 +22,18 @@ def kube_rules(save_text: str) -> dict[str, list[str]]:
     return out
 
 
-def load_in_scratch_namespace(world: World, restore_text: str,
-                              backend: str = "nft") -> dict[str, dict[str, list[str]]]:
+def load_in_scratch_namespace(
+    world: World, restore_text: str, backend: str = "nft"
+) -> dict[str, dict[str, list[str]]]:
     ns = f"pp{world.tag}-scratch"
     sh("ip", "netns", "add", ns)
     world.namespaces.append(ns)
     try:
         world.exec(ns, f"iptables-{backend}-restore", "--noflush", input=restore_text)
-        return {t: kube_rules(world.exec(ns, f"iptables-{backend}-save", "-t", t).stdout)
-                for t in ("filter", "nat")}
+        return {
+            t: kube_rules(world.exec(ns, f"iptables-{backend}-save", "-t", t).stdout)
+            for t in ("filter", "nat")
+        }
     finally:
         sh("ip", "netns", "del", ns, check=False)
         world.namespaces.remove(ns)

@@ -52,8 +52,15 @@ def main() -> None:
             errors["timeout"] += 1
         except OSError as err:
             errors[errno.errorcode.get(err.errno or 0, type(err).__name__)] += 1
-    print(json.dumps({"replies": replies, "errors": errors,
-                      "sources": {k: sorted(v) for k, v in sources.items()}}))
+    print(
+        json.dumps(
+            {
+                "replies": replies,
+                "errors": errors,
+                "sources": {k: sorted(v) for k, v in sources.items()},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -25,8 +25,9 @@ def sep_chain(name: str, pod_ip: str) -> str:
 
 
 def test_legacy_back_end_programs_traffic(world: World, proxy: Pyproxy) -> None:
-    proxy.write("a", *manifest_objects(world, svc("a", "10.96.3.1", [HTTP]), pods(world, 1, 2),
-                                       HTTP_EP))
+    proxy.write(
+        "a", *manifest_objects(world, svc("a", "10.96.3.1", [HTTP]), pods(world, 1, 2), HTTP_EP)
+    )
     reachable(world, "10.96.3.1")
     r = world.probe("tcp", "10.96.3.1", 80, count=40)
     assert set(r["replies"]) == {"pod-1", "pod-2"} and total(r) == 40
@@ -35,16 +36,18 @@ def test_legacy_back_end_programs_traffic(world: World, proxy: Pyproxy) -> None:
 
 
 def test_refused_restore_keeps_previous_rules_then_recovers(world: World, proxy: Pyproxy) -> None:
-    proxy.write("b", *manifest_objects(world, svc("b", "10.96.3.2", [HTTP]), pods(world, 1),
-                                       HTTP_EP))
+    proxy.write(
+        "b", *manifest_objects(world, svc("b", "10.96.3.2", [HTTP]), pods(world, 1), HTTP_EP)
+    )
     reachable(world, "10.96.3.2")
     old_sep = sep_chain("b", world.pods[0].ip)
     # Another agent references pyproxy's endpoint chain, so the kernel refuses to delete it.
     world.exec(world.node, "iptables-legacy", "-t", "nat", "-N", "OTHER-AGENT")
     world.exec(world.node, "iptables-legacy", "-t", "nat", "-A", "OTHER-AGENT", "-j", old_sep)
     try:
-        proxy.write("b", *manifest_objects(world, svc("b", "10.96.3.2", [HTTP]), pods(world, 3),
-                                           HTTP_EP))
+        proxy.write(
+            "b", *manifest_objects(world, svc("b", "10.96.3.2", [HTTP]), pods(world, 3), HTTP_EP)
+        )
         wait_for(lambda: "restore failed" in proxy.log.read_text(), what="the failed restore")
         log = proxy.log.read_text()
         assert f"-X {old_sep}" in log  # the offending line is logged
@@ -54,15 +57,19 @@ def test_refused_restore_keeps_previous_rules_then_recovers(world: World, proxy:
         world.exec(world.node, "iptables-legacy", "-t", "nat", "-F", "OTHER-AGENT")
         world.exec(world.node, "iptables-legacy", "-t", "nat", "-X", "OTHER-AGENT")
     # The retry is a full sync and succeeds once the reference is gone.
-    wait_for(lambda: world.probe("tcp", "10.96.3.2", 80, count=1, timeout=1)["replies"]
-             == {"pod-3": 1}, timeout=30, what="the retried full sync")
+    wait_for(
+        lambda: world.probe("tcp", "10.96.3.2", 80, count=1, timeout=1)["replies"] == {"pod-3": 1},
+        timeout=30,
+        what="the retried full sync",
+    )
     assert world.probe("tcp", "10.96.3.2", 80, count=10)["replies"] == {"pod-3": 10}
 
 
 def test_flushed_tables_are_repaired(world: World, proxy: Pyproxy) -> None:
     """Someone flushes nat (the canary goes too): the next sync period rewrites everything."""
-    proxy.write("c", *manifest_objects(world, svc("c", "10.96.3.3", [HTTP]), pods(world, 2),
-                                       HTTP_EP))
+    proxy.write(
+        "c", *manifest_objects(world, svc("c", "10.96.3.3", [HTTP]), pods(world, 2), HTTP_EP)
+    )
     reachable(world, "10.96.3.3")
     world.exec(world.node, "iptables-legacy", "-t", "nat", "-F")
     world.exec(world.node, "iptables-legacy", "-t", "mangle", "-F")
@@ -74,10 +81,32 @@ def test_flushed_tables_are_repaired(world: World, proxy: Pyproxy) -> None:
 def test_cleanup_removes_pyproxy_rules_and_nothing_else(world: World, proxy: Pyproxy) -> None:
     for backend in ("legacy", "nft"):
         world.exec(world.node, f"iptables-{backend}", "-t", "filter", "-N", "USER-RULES")
-        world.exec(world.node, f"iptables-{backend}", "-t", "filter", "-A", "INPUT", "-p", "tcp",
-                   "--dport", "2222", "-j", "USER-RULES")
-        world.exec(world.node, f"iptables-{backend}", "-t", "nat", "-A", "POSTROUTING", "-s",
-                   "10.99.0.0/16", "-j", "MASQUERADE")
+        world.exec(
+            world.node,
+            f"iptables-{backend}",
+            "-t",
+            "filter",
+            "-A",
+            "INPUT",
+            "-p",
+            "tcp",
+            "--dport",
+            "2222",
+            "-j",
+            "USER-RULES",
+        )
+        world.exec(
+            world.node,
+            f"iptables-{backend}",
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-s",
+            "10.99.0.0/16",
+            "-j",
+            "MASQUERADE",
+        )
     proxy.stop()
     res = world.exec(world.node, PYPROXY, "cleanup", "--mode=iptables")
     assert res.returncode == 0
@@ -87,9 +116,14 @@ def test_cleanup_removes_pyproxy_rules_and_nothing_else(world: World, proxy: Pyp
             assert "KUBE-" not in text, (backend, table, text)
         assert "USER-RULES" in world.iptables_save("filter", backend=backend)
         assert "-A INPUT -p tcp -m tcp --dport 2222 -j USER-RULES" in world.iptables_save(
-            "filter", backend=backend)
+            "filter", backend=backend
+        )
         assert "-s 10.99.0.0/16 -j MASQUERADE" in world.iptables_save("nat", backend=backend)
     # A second cleanup has nothing to do and still succeeds.
-    assert subprocess.run(["ip", "netns", "exec", world.node, PYPROXY, "cleanup"],
-                          capture_output=True).returncode == 0
+    assert (
+        subprocess.run(
+            ["ip", "netns", "exec", world.node, PYPROXY, "cleanup"], capture_output=True
+        ).returncode
+        == 0
+    )
     assert kube_rules(world.iptables_save("nat", backend="legacy")) == {}

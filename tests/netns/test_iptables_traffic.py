@@ -32,9 +32,13 @@ pytestmark = pytest.mark.netns
 
 def svc(name: str, ip: str, ports: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
     status = spec.pop("status", {})
-    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "t"},
-            "spec": {"clusterIP": ip, "clusterIPs": [ip], "ports": ports, **spec},
-            "status": status}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": "t"},
+        "spec": {"clusterIP": ip, "clusterIPs": [ip], "ports": ports, **spec},
+        "status": status,
+    }
 
 
 HTTP = {"name": "http", "port": 80, "protocol": "TCP"}
@@ -47,19 +51,28 @@ def pods(world: World, *idx: int) -> list[Pod]:
     return [world.pods[i - 1] for i in idx]
 
 
-def reachable(world: World, ip: str, port: int = 80, proto: str = "tcp", client: int = 0,
-              ns: str | None = None) -> Any:
+def reachable(
+    world: World,
+    ip: str,
+    port: int = 80,
+    proto: str = "tcp",
+    client: int = 0,
+    ns: str | None = None,
+) -> Any:
     def ok() -> Any:
         r = world.probe(proto, ip, port, count=1, client=client, timeout=1.0, ns=ns)
         return r if r["replies"] else None
+
     return wait_for(ok, what=f"{proto} {ip}:{port} to answer")
 
 
 def test_cluster_ip_spreads_over_ready_endpoints(world: World, proxy: Pyproxy) -> None:
-    objs = manifest_objects(world, svc("spread", "10.96.1.1", [HTTP]), pods(world, 1, 2, 3),
-                            HTTP_EP)
-    objs[1]["endpoints"].append({"addresses": [world.pods[3].ip],
-                                 "conditions": {"ready": False}, "nodeName": "node-a"})
+    objs = manifest_objects(
+        world, svc("spread", "10.96.1.1", [HTTP]), pods(world, 1, 2, 3), HTTP_EP
+    )
+    objs[1]["endpoints"].append(
+        {"addresses": [world.pods[3].ip], "conditions": {"ready": False}, "nodeName": "node-a"}
+    )
     proxy.write("spread", *objs)
     reachable(world, "10.96.1.1")
     r = world.probe("tcp", "10.96.1.1", 80, count=300)
@@ -70,10 +83,20 @@ def test_cluster_ip_spreads_over_ready_endpoints(world: World, proxy: Pyproxy) -
 
 
 def test_node_port_tcp_and_udp_from_outside(world: World, proxy: Pyproxy) -> None:
-    proxy.write("np", *manifest_objects(
-        world, svc("np", "10.96.1.2", [{**HTTP, "nodePort": 30081}, {**DNS, "nodePort": 30053}],
-                   type="NodePort"),
-        pods(world, 1, 2), HTTP_EP + DNS_EP))
+    proxy.write(
+        "np",
+        *manifest_objects(
+            world,
+            svc(
+                "np",
+                "10.96.1.2",
+                [{**HTTP, "nodePort": 30081}, {**DNS, "nodePort": 30053}],
+                type="NodePort",
+            ),
+            pods(world, 1, 2),
+            HTTP_EP + DNS_EP,
+        ),
+    )
     reachable(world, NODE_CLIENT_IP, 30081)
     tcp = world.probe("tcp", NODE_CLIENT_IP, 30081, count=60)
     udp = world.probe("udp", NODE_CLIENT_IP, 30053, count=60)
@@ -85,11 +108,22 @@ def test_node_port_tcp_and_udp_from_outside(world: World, proxy: Pyproxy) -> Non
 
 
 def test_load_balancer_ip_and_source_ranges(world: World, proxy: Pyproxy) -> None:
-    proxy.write("lb", *manifest_objects(
-        world, svc("lb", "10.96.1.3", [{**HTTP, "nodePort": 30082}], type="LoadBalancer",
-                   loadBalancerSourceRanges=[f"{world.client_ip(0)}/32"],
-                   status={"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}}),
-        pods(world, 1, 2), HTTP_EP))
+    proxy.write(
+        "lb",
+        *manifest_objects(
+            world,
+            svc(
+                "lb",
+                "10.96.1.3",
+                [{**HTTP, "nodePort": 30082}],
+                type="LoadBalancer",
+                loadBalancerSourceRanges=[f"{world.client_ip(0)}/32"],
+                status={"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}},
+            ),
+            pods(world, 1, 2),
+            HTTP_EP,
+        ),
+    )
     reachable(world, "203.0.113.10")
     allowed = world.probe("tcp", "203.0.113.10", 80, count=20, client=0)
     denied = world.probe("tcp", "203.0.113.10", 80, count=2, client=1, timeout=1.0)
@@ -98,18 +132,35 @@ def test_load_balancer_ip_and_source_ranges(world: World, proxy: Pyproxy) -> Non
 
 
 def test_external_ips(world: World, proxy: Pyproxy) -> None:
-    proxy.write("eip", *manifest_objects(
-        world, svc("eip", "10.96.1.4", [HTTP], externalIPs=["198.51.100.10"]),
-        pods(world, 3), HTTP_EP))
+    proxy.write(
+        "eip",
+        *manifest_objects(
+            world,
+            svc("eip", "10.96.1.4", [HTTP], externalIPs=["198.51.100.10"]),
+            pods(world, 3),
+            HTTP_EP,
+        ),
+    )
     reachable(world, "198.51.100.10")
     assert world.probe("tcp", "198.51.100.10", 80, count=10)["replies"] == {"pod-3": 10}
 
 
 def test_session_affinity_pins_a_client(world: World, proxy: Pyproxy) -> None:
-    proxy.write("sticky", *manifest_objects(
-        world, svc("sticky", "10.96.1.5", [HTTP], sessionAffinity="ClientIP",
-                   sessionAffinityConfig={"clientIP": {"timeoutSeconds": 600}}),
-        pods(world, 1, 2, 3), HTTP_EP))
+    proxy.write(
+        "sticky",
+        *manifest_objects(
+            world,
+            svc(
+                "sticky",
+                "10.96.1.5",
+                [HTTP],
+                sessionAffinity="ClientIP",
+                sessionAffinityConfig={"clientIP": {"timeoutSeconds": 600}},
+            ),
+            pods(world, 1, 2, 3),
+            HTTP_EP,
+        ),
+    )
     reachable(world, "10.96.1.5")
     r = world.probe("tcp", "10.96.1.5", 80, count=40)
     assert len(r["replies"]) == 1 and total(r) == 40
@@ -117,10 +168,22 @@ def test_session_affinity_pins_a_client(world: World, proxy: Pyproxy) -> None:
 
 def test_external_traffic_policy_local(world: World, proxy: Pyproxy) -> None:
     # pod-1 is on this node (node-a), pod-2 on another node: only pod-1 takes external traffic.
-    proxy.write("local", *manifest_objects(
-        world, svc("local", "10.96.1.6", [{**HTTP, "nodePort": 30083}], type="NodePort",
-                   externalTrafficPolicy="Local"),
-        pods(world, 1, 2), HTTP_EP, node_of=lambda p: "node-a" if p.name == "pod-1" else "node-b"))
+    proxy.write(
+        "local",
+        *manifest_objects(
+            world,
+            svc(
+                "local",
+                "10.96.1.6",
+                [{**HTTP, "nodePort": 30083}],
+                type="NodePort",
+                externalTrafficPolicy="Local",
+            ),
+            pods(world, 1, 2),
+            HTTP_EP,
+            node_of=lambda p: "node-a" if p.name == "pod-1" else "node-b",
+        ),
+    )
     reachable(world, NODE_CLIENT_IP, 30083)
     r = world.probe("tcp", NODE_CLIENT_IP, 30083, count=40)
     assert r["replies"] == {"pod-1": 40}
@@ -131,14 +194,19 @@ def test_external_traffic_policy_local(world: World, proxy: Pyproxy) -> None:
 
 
 def test_removed_endpoint_gets_no_new_connections_after_one_sync(
-        world: World, proxy: Pyproxy) -> None:
-    proxy.write("shrink", *manifest_objects(world, svc("shrink", "10.96.1.7", [HTTP]),
-                                            pods(world, 1, 2, 3), HTTP_EP))
+    world: World, proxy: Pyproxy
+) -> None:
+    proxy.write(
+        "shrink",
+        *manifest_objects(world, svc("shrink", "10.96.1.7", [HTTP]), pods(world, 1, 2, 3), HTTP_EP),
+    )
     reachable(world, "10.96.1.7")
     assert names_in(world.probe("tcp", "10.96.1.7", 80, count=60)) == {"pod-1", "pod-2", "pod-3"}
     before = proxy.syncs()
-    proxy.write("shrink", *manifest_objects(world, svc("shrink", "10.96.1.7", [HTTP]),
-                                            pods(world, 1, 2), HTTP_EP))
+    proxy.write(
+        "shrink",
+        *manifest_objects(world, svc("shrink", "10.96.1.7", [HTTP]), pods(world, 1, 2), HTTP_EP),
+    )
     wait_for(lambda: proxy.syncs() > before, what="a sync after the change")
     r = world.probe("tcp", "10.96.1.7", 80, count=60)
     assert names_in(r) == {"pod-1", "pod-2"} and total(r) == 60
@@ -146,33 +214,43 @@ def test_removed_endpoint_gets_no_new_connections_after_one_sync(
 
 def test_service_without_endpoints_is_refused(world: World, proxy: Pyproxy) -> None:
     proxy.write("empty", svc("empty", "10.96.1.8", [HTTP]))
-    wait_for(lambda: "t/empty:http has no endpoints" in world.iptables_save("filter"),
-             what="the REJECT rule")
+    wait_for(
+        lambda: "t/empty:http has no endpoints" in world.iptables_save("filter"),
+        what="the REJECT rule",
+    )
     r = world.probe("tcp", "10.96.1.8", 80, count=3, timeout=3.0)
     assert r["errors"] == {"refused": 3}  # refused at once, not a timeout
 
 
 def test_udp_client_follows_replaced_backend(world: World, proxy: Pyproxy) -> None:
     """Same client socket (fixed source port) before and after: conntrack must be cleared."""
-    proxy.write("udp", *manifest_objects(world, svc("udp", "10.96.1.9", [DNS]),
-                                         pods(world, 1), DNS_EP))
+    proxy.write(
+        "udp", *manifest_objects(world, svc("udp", "10.96.1.9", [DNS]), pods(world, 1), DNS_EP)
+    )
     reachable(world, "10.96.1.9", 53, "udp")
     assert world.probe("udp", "10.96.1.9", 53, count=5, sport=40001)["replies"] == {"pod-1": 5}
     before = proxy.syncs()
-    proxy.write("udp", *manifest_objects(world, svc("udp", "10.96.1.9", [DNS]),
-                                         pods(world, 2), DNS_EP))
+    proxy.write(
+        "udp", *manifest_objects(world, svc("udp", "10.96.1.9", [DNS]), pods(world, 2), DNS_EP)
+    )
     wait_for(lambda: proxy.syncs() > before, what="a sync after the change")
     # pod-1 still runs and would still answer if the old conntrack entry survived.
-    r = wait_for(lambda: (lambda x: x if x["replies"].get("pod-2") else None)(
-        world.probe("udp", "10.96.1.9", 53, count=1, sport=40001, timeout=1.0)),
-        timeout=5, what="the same UDP client to reach pod-2")
+    r = wait_for(
+        lambda: (lambda x: x if x["replies"].get("pod-2") else None)(
+            world.probe("udp", "10.96.1.9", 53, count=1, sport=40001, timeout=1.0)
+        ),
+        timeout=5,
+        what="the same UDP client to reach pod-2",
+    )
     assert r["replies"] == {"pod-2": 1}
     assert world.probe("udp", "10.96.1.9", 53, count=5, sport=40001)["replies"] == {"pod-2": 5}
 
 
 def test_hairpin_pod_reaches_itself_through_its_service(world: World, proxy: Pyproxy) -> None:
-    proxy.write("hairpin", *manifest_objects(world, svc("hairpin", "10.96.1.10", [HTTP]),
-                                             pods(world, 1), HTTP_EP))
+    proxy.write(
+        "hairpin",
+        *manifest_objects(world, svc("hairpin", "10.96.1.10", [HTTP]), pods(world, 1), HTTP_EP),
+    )
     pod_ns = world.ns_of(world.pods[0])
     reachable(world, "10.96.1.10", ns=pod_ns)
     r = world.probe("tcp", "10.96.1.10", 80, count=10, ns=pod_ns)
@@ -182,15 +260,32 @@ def test_hairpin_pod_reaches_itself_through_its_service(world: World, proxy: Pyp
 
 
 def test_dual_stack_service(world: World, proxy: Pyproxy) -> None:
-    proxy.write("dual", *manifest_objects(
-        world, svc("dual", "10.96.1.12", [{**HTTP, "nodePort": 30084}, {**DNS, "nodePort": 30054}],
-                   type="NodePort", clusterIPs=["10.96.1.12", "fd00:96::12"],
-                   ipFamilies=["IPv4", "IPv6"], ipFamilyPolicy="RequireDualStack"),
-        pods(world, 1, 2), HTTP_EP + DNS_EP, ipv6=True))
+    proxy.write(
+        "dual",
+        *manifest_objects(
+            world,
+            svc(
+                "dual",
+                "10.96.1.12",
+                [{**HTTP, "nodePort": 30084}, {**DNS, "nodePort": 30054}],
+                type="NodePort",
+                clusterIPs=["10.96.1.12", "fd00:96::12"],
+                ipFamilies=["IPv4", "IPv6"],
+                ipFamilyPolicy="RequireDualStack",
+            ),
+            pods(world, 1, 2),
+            HTTP_EP + DNS_EP,
+            ipv6=True,
+        ),
+    )
     reachable(world, "fd00:96::12")
-    for host, port, proto in (("fd00:96::12", 80, "tcp"), ("fd00:96::12", 53, "udp"),
-                              (NODE_CLIENT_IP6, 30084, "tcp"), (NODE_CLIENT_IP6, 30054, "udp"),
-                              ("10.96.1.12", 80, "tcp")):
+    for host, port, proto in (
+        ("fd00:96::12", 80, "tcp"),
+        ("fd00:96::12", 53, "udp"),
+        (NODE_CLIENT_IP6, 30084, "tcp"),
+        (NODE_CLIENT_IP6, 30054, "udp"),
+        ("10.96.1.12", 80, "tcp"),
+    ):
         r = world.probe(proto, host, port, count=40)
         assert names_in(r) == {"pod-1", "pod-2"} and total(r) == 40, (host, port, proto, r)
     assert "fd00:96::12" in world.exec(world.node, "ip6tables-nft-save", "-t", "nat").stdout
@@ -198,26 +293,55 @@ def test_dual_stack_service(world: World, proxy: Pyproxy) -> None:
 
 def test_sctp_rules_load(world: World, proxy: Pyproxy) -> None:
     """This kernel has no SCTP sockets, so no SCTP traffic; the rules must still load."""
-    proxy.write("sctp", *manifest_objects(
-        world, svc("sctp", "10.96.1.13", [{"name": "s", "port": 9999, "protocol": "SCTP",
-                                           "nodePort": 30099}], type="NodePort"),
-        pods(world, 1), [{"name": "s", "port": 9999, "protocol": "SCTP"}]))
-    wait_for(lambda: re.search(r"KUBE-NODEPORTS -p sctp .*-m sctp --dport 30099 ",
-                               world.iptables_save("nat")), what="the SCTP NodePort rule")
+    proxy.write(
+        "sctp",
+        *manifest_objects(
+            world,
+            svc(
+                "sctp",
+                "10.96.1.13",
+                [{"name": "s", "port": 9999, "protocol": "SCTP", "nodePort": 30099}],
+                type="NodePort",
+            ),
+            pods(world, 1),
+            [{"name": "s", "port": 9999, "protocol": "SCTP"}],
+        ),
+    )
+    wait_for(
+        lambda: re.search(
+            r"KUBE-NODEPORTS -p sctp .*-m sctp --dport 30099 ", world.iptables_save("nat")
+        ),
+        what="the SCTP NodePort rule",
+    )
     assert "--to-destination 10.244.1.2:9999" in world.iptables_save("nat")
 
 
-def test_kernel_rules_after_partial_syncs_equal_a_full_render(world: World,
-                                                              proxy: Pyproxy) -> None:
+def test_kernel_rules_after_partial_syncs_equal_a_full_render(world: World, proxy: Pyproxy) -> None:
     """After all the partial syncs above, the kernel holds what a full sync would write."""
     render = subprocess.run(
-        [PYPROXY, "render", "--manifests", str(proxy.manifests), "--node", "node-a",
-         "--cluster-cidr", f"{CLUSTER_CIDR},{CLUSTER_CIDR6}"], capture_output=True, text=True, check=True).stdout
+        [
+            PYPROXY,
+            "render",
+            "--manifests",
+            str(proxy.manifests),
+            "--node",
+            "node-a",
+            "--cluster-cidr",
+            f"{CLUSTER_CIDR},{CLUSTER_CIDR6}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     loaded = load_in_scratch_namespace(world, render.split("# IPv6")[0])
     expected = {t: canonical(r) for t, r in loaded.items()}
     got = {t: canonical(kube_rules(world.iptables_save(t))) for t in ("filter", "nat")}
-    diff = {(t, c): (got[t].get(c), expected[t].get(c)) for t in got
-            for c in set(got[t]) | set(expected[t]) if got[t].get(c) != expected[t].get(c)}
+    diff = {
+        (t, c): (got[t].get(c), expected[t].get(c))
+        for t in got
+        for c in set(got[t]) | set(expected[t])
+        if got[t].get(c) != expected[t].get(c)
+    }
     assert not diff, "\n".join(f"{k}:\n  kernel: {a}\n  render: {b}" for k, (a, b) in diff.items())
     assert len(got["nat"]) > 20  # the comparison covers the services written above
 
@@ -234,11 +358,14 @@ for line in sys.stdin:
 
 
 def test_restart_keeps_open_connections(world: World, proxy: Pyproxy) -> None:
-    proxy.write("held", *manifest_objects(world, svc("held", "10.96.1.11", [HTTP]),
-                                          pods(world, 1, 2), HTTP_EP))
+    proxy.write(
+        "held",
+        *manifest_objects(world, svc("held", "10.96.1.11", [HTTP]), pods(world, 1, 2), HTTP_EP),
+    )
     reachable(world, "10.96.1.11")
-    held = world.spawn(world.client(0), PYTHON, "-c", HOLD, "10.96.1.11", "80",
-                       stdin=subprocess.PIPE)
+    held = world.spawn(
+        world.client(0), PYTHON, "-c", HOLD, "10.96.1.11", "80", stdin=subprocess.PIPE
+    )
     assert held.stdout is not None and held.stdin is not None
     first = held.stdout.readline().split()[0]
     proxy.stop()

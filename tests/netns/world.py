@@ -42,8 +42,9 @@ def can_run() -> str | None:
     return None
 
 
-def sh(*cmd: str, check: bool = True, timeout: float = 60,
-       input: str | None = None) -> subprocess.CompletedProcess[str]:
+def sh(
+    *cmd: str, check: bool = True, timeout: float = 60, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
     res = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, input=input)
     if check and res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {res.stderr.strip()}")
@@ -105,8 +106,7 @@ class World:
             self.exec(self.node, "sysctl", "-qw", "net.ipv4.icmp_ratelimit=0")
             sh("ip", "-n", self.node, "link", "add", "cbr", "type", "bridge")
             sh("ip", "-n", self.node, "addr", "add", f"{NODE_CLIENT_IP}/24", "dev", "cbr")
-            sh("ip", "-n", self.node, "addr", "add", f"{NODE_CLIENT_IP6}/64", "dev", "cbr",
-               "nodad")
+            sh("ip", "-n", self.node, "addr", "add", f"{NODE_CLIENT_IP6}/64", "dev", "cbr", "nodad")
             sh("ip", "-n", self.node, "link", "set", "cbr", "up")
             # Like a real node, route everything somewhere: an absent host on the client
             # bridge, inside this world (so a dropped packet is silent, as on a real node).
@@ -125,8 +125,21 @@ class World:
         name = f"pp{self.tag}-client{i}"
         self._add_ns(name)
         link = f"c{i}"
-        sh("ip", "-n", self.node, "link", "add", link, "type", "veth", "peer", "name", "eth0",
-           "netns", name)
+        sh(
+            "ip",
+            "-n",
+            self.node,
+            "link",
+            "add",
+            link,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            name,
+        )
         sh("ip", "-n", self.node, "link", "set", link, "master", "cbr", "up")
         sh("ip", "-n", name, "addr", "add", f"{self.client_ip(i)}/24", "dev", "eth0")
         sh("ip", "-n", name, "link", "set", "eth0", "up")
@@ -141,8 +154,21 @@ class World:
         ns = self.ns_of(pod)
         self._add_ns(ns)
         link = f"p{index}"
-        sh("ip", "-n", self.node, "link", "add", link, "type", "veth", "peer", "name", "eth0",
-           "netns", ns)
+        sh(
+            "ip",
+            "-n",
+            self.node,
+            "link",
+            "add",
+            link,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            ns,
+        )
         sh("ip", "-n", self.node, "addr", "add", f"10.244.{index}.1/24", "dev", link)
         sh("ip", "-n", self.node, "link", "set", link, "up")
         sh("ip", "-n", ns, "addr", "add", f"{pod.ip}/24", "dev", "eth0")
@@ -166,21 +192,52 @@ class World:
 
     # ---- running ----------------------------------------------------------------------
 
-    def exec(self, ns: str, *cmd: str, check: bool = True, timeout: float = 60,
-             input: str | None = None) -> subprocess.CompletedProcess[str]:
+    def exec(
+        self, ns: str, *cmd: str, check: bool = True, timeout: float = 60, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
         return sh("ip", "netns", "exec", ns, *cmd, check=check, timeout=timeout, input=input)
 
-    def spawn(self, ns: str, *cmd: str, stdout: Any = subprocess.PIPE,
-              stderr: Any = subprocess.DEVNULL, stdin: Any = None) -> subprocess.Popen[str]:
-        p = subprocess.Popen(["ip", "netns", "exec", ns, *cmd], stdout=stdout, stderr=stderr,
-                             stdin=stdin, text=True, start_new_session=True)
+    def spawn(
+        self,
+        ns: str,
+        *cmd: str,
+        stdout: Any = subprocess.PIPE,
+        stderr: Any = subprocess.DEVNULL,
+        stdin: Any = None,
+    ) -> subprocess.Popen[str]:
+        p = subprocess.Popen(
+            ["ip", "netns", "exec", ns, *cmd],
+            stdout=stdout,
+            stderr=stderr,
+            stdin=stdin,
+            text=True,
+            start_new_session=True,
+        )
         self.procs.append(p)
         return p
 
-    def probe(self, proto: str, host: str, port: int, count: int = 1, client: int = 0,
-              timeout: float = 2.0, sport: int = 0, ns: str | None = None) -> dict[str, Any]:
-        args = [PYTHON, str(HERE / "probe.py"), proto, host, str(port), "--count", str(count),
-                "--timeout", str(timeout)]
+    def probe(
+        self,
+        proto: str,
+        host: str,
+        port: int,
+        count: int = 1,
+        client: int = 0,
+        timeout: float = 2.0,
+        sport: int = 0,
+        ns: str | None = None,
+    ) -> dict[str, Any]:
+        args = [
+            PYTHON,
+            str(HERE / "probe.py"),
+            proto,
+            host,
+            str(port),
+            "--count",
+            str(count),
+            "--timeout",
+            str(timeout),
+        ]
         if sport:
             args += ["--sport", str(sport)]
         res = self.exec(ns or self.client(client), *args, timeout=count * timeout + 30)
@@ -213,19 +270,39 @@ class World:
 class Pyproxy:
     """pyproxy running in the node namespace against a manifests directory."""
 
-    def __init__(self, world: World, manifests: Path, log: Path, *extra: str,
-                 mode: str = "iptables") -> None:
+    def __init__(
+        self, world: World, manifests: Path, log: Path, *extra: str, mode: str = "iptables"
+    ) -> None:
         self.world = world
         self.manifests = manifests
         self.log = log
-        self.args = ["--mode", mode, "--manifests", str(manifests), "--hostname-override",
-                     "node-a", "--cluster-cidr", f"{CLUSTER_CIDR},{CLUSTER_CIDR6}", "--min-sync-period", "0.1s",
-                     "--metrics-bind-address", "", "--healthz-bind-address", "", *extra]
+        self.args = [
+            "--mode",
+            mode,
+            "--manifests",
+            str(manifests),
+            "--hostname-override",
+            "node-a",
+            "--cluster-cidr",
+            f"{CLUSTER_CIDR},{CLUSTER_CIDR6}",
+            "--min-sync-period",
+            "0.1s",
+            "--metrics-bind-address",
+            "",
+            "--healthz-bind-address",
+            "",
+            *extra,
+        ]
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self) -> Pyproxy:
-        self.proc = self.world.spawn(self.world.node, PYPROXY, *self.args,
-                                     stdout=self.log.open("a"), stderr=subprocess.STDOUT)
+        self.proc = self.world.spawn(
+            self.world.node,
+            PYPROXY,
+            *self.args,
+            stdout=self.log.open("a"),
+            stderr=subprocess.STDOUT,
+        )
         return self
 
     def stop(self) -> None:
@@ -248,8 +325,9 @@ class Pyproxy:
         (self.manifests / f"{name}.yaml").unlink(missing_ok=True)
 
 
-def wait_for(pred: Callable[[], Any], timeout: float = 15.0, interval: float = 0.1,
-             what: str = "condition") -> Any:
+def wait_for(
+    pred: Callable[[], Any], timeout: float = 15.0, interval: float = 0.1, what: str = "condition"
+) -> Any:
     """Poll ``pred`` until it returns something truthy; bounded by ``timeout``."""
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -269,20 +347,41 @@ def total(result: dict[str, Any]) -> int:
     return int(sum(result["replies"].values()))
 
 
-def manifest_objects(world: World, svc: dict[str, Any], pods: Sequence[Pod],
-                     ports: Sequence[dict[str, Any]], node_of: Callable[[Pod], str] | None = None,
-                     slice_name: str | None = None, ipv6: bool = False) -> list[dict[str, Any]]:
+def manifest_objects(
+    world: World,
+    svc: dict[str, Any],
+    pods: Sequence[Pod],
+    ports: Sequence[dict[str, Any]],
+    node_of: Callable[[Pod], str] | None = None,
+    slice_name: str | None = None,
+    ipv6: bool = False,
+) -> list[dict[str, Any]]:
     """A Service plus an EndpointSlice naming ``pods`` (all on node-a unless ``node_of``);
     with ``ipv6`` a second, IPv6 slice as the EndpointSlice controller writes for dual-stack."""
     meta = svc["metadata"]
     out = [svc]
     for family in ("IPv4", "IPv6") if ipv6 else ("IPv4",):
-        eps = [{"addresses": [p.ip if family == "IPv4" else p.ip6],
+        eps = [
+            {
+                "addresses": [p.ip if family == "IPv4" else p.ip6],
                 "conditions": {"ready": True},
-                "nodeName": node_of(p) if node_of else "node-a"} for p in pods]
+                "nodeName": node_of(p) if node_of else "node-a",
+            }
+            for p in pods
+        ]
         name = slice_name or f"{meta['name']}-{family.lower()}"
-        out.append({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-                    "metadata": {"name": name, "namespace": meta["namespace"],
-                                 "labels": {"kubernetes.io/service-name": meta["name"]}},
-                    "addressType": family, "ports": list(ports), "endpoints": eps})
+        out.append(
+            {
+                "apiVersion": "discovery.k8s.io/v1",
+                "kind": "EndpointSlice",
+                "metadata": {
+                    "name": name,
+                    "namespace": meta["namespace"],
+                    "labels": {"kubernetes.io/service-name": meta["name"]},
+                },
+                "addressType": family,
+                "ports": list(ports),
+                "endpoints": eps,
+            }
+        )
     return out

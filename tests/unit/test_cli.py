@@ -27,30 +27,43 @@ def test_version() -> None:
 
 
 def test_render_examples_program_the_demo_service() -> None:
-    res = run("render", "--mode=iptables", "--manifests", str(ROOT / "examples"),
-              "--node", "node-a", "--cluster-cidr", "10.244.0.0/16")
+    res = run(
+        "render",
+        "--mode=iptables",
+        "--manifests",
+        str(ROOT / "examples"),
+        "--node",
+        "node-a",
+        "--cluster-cidr",
+        "10.244.0.0/16",
+    )
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert out.startswith("# IPv4: input for iptables-restore")
-    assert ('-A KUBE-SERVICES -m comment --comment "demo/web:http cluster IP" -m tcp -p tcp '
-            "-d 10.96.0.10 --dport 80 -j KUBE-SVC-") in out
+    assert (
+        '-A KUBE-SERVICES -m comment --comment "demo/web:http cluster IP" -m tcp -p tcp '
+        "-d 10.96.0.10 --dport 80 -j KUBE-SVC-"
+    ) in out
     assert "-m tcp -p tcp --dport 30080 -j KUBE-EXT-" in out
     assert out.count("-j DNAT --to-destination 10.244.") == 6  # 3 pods x (http, dns)
     assert "--probability 0.3333333333" in out
 
 
-@pytest.mark.parametrize("args,flag", [
-    (["--mode=bogus"], "--mode"),
-    (["--cluster-cidr=10.0.0.0/33", "--manifests=/"], "--cluster-cidr"),
-    (["--min-sync-period=fast", "--manifests=/"], "--min-sync-period"),
-    (["--sync-period=1s", "--min-sync-period=5s", "--manifests=/"], "--min-sync-period"),
-    (["--manifests=/nonexistent-dir"], "--manifests"),
-    (["--kubeconfig=/nonexistent/kubeconfig"], "--kubeconfig"),
-    (["--nodeport-addresses=wat"], "--nodeport-addresses"),
-    (["--metrics-bind-address=nope", "--manifests=/"], "--metrics-bind-address"),
-    (["--no-such-flag"], "--no-such-flag"),
-    (["render", "--manifests=/nonexistent"], "--manifests"),
-])
+@pytest.mark.parametrize(
+    "args,flag",
+    [
+        (["--mode=bogus"], "--mode"),
+        (["--cluster-cidr=10.0.0.0/33", "--manifests=/"], "--cluster-cidr"),
+        (["--min-sync-period=fast", "--manifests=/"], "--min-sync-period"),
+        (["--sync-period=1s", "--min-sync-period=5s", "--manifests=/"], "--min-sync-period"),
+        (["--manifests=/nonexistent-dir"], "--manifests"),
+        (["--kubeconfig=/nonexistent/kubeconfig"], "--kubeconfig"),
+        (["--nodeport-addresses=wat"], "--nodeport-addresses"),
+        (["--metrics-bind-address=nope", "--manifests=/"], "--metrics-bind-address"),
+        (["--no-such-flag"], "--no-such-flag"),
+        (["render", "--manifests=/nonexistent"], "--manifests"),
+    ],
+)
 def test_bad_flags_give_one_line_and_status_2(args: list[str], flag: str) -> None:
     res = run(*args)
     assert res.returncode == 2, (res.stdout, res.stderr)
@@ -61,23 +74,36 @@ def test_bad_flags_give_one_line_and_status_2(args: list[str], flag: str) -> Non
 def test_unbuilt_mode_is_a_clear_error() -> None:
     res = run("render", "--mode=nftables", "--manifests", str(ROOT / "examples"))
     assert res.returncode == 1
-    assert res.stderr.strip() == ("pyproxy: error: --mode=nftables is not implemented yet "
-                                  "(available: iptables)")
+    assert res.stderr.strip() == (
+        "pyproxy: error: --mode=nftables is not implemented yet (available: iptables)"
+    )
 
 
 def test_config_file_and_flags_override(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
-                   "clusterCIDR: 10.244.0.0/16\niptables: {masqueradeAll: true, masqueradeBit: 10}\n"
-                   "conntrack: {maxPerCore: 5}\n")
-    res = run("render", "--config", str(cfg), "--manifests", str(ROOT / "examples"), "--node",
-              "node-a")
+    cfg.write_text(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+        "clusterCIDR: 10.244.0.0/16\niptables: {masqueradeAll: true, masqueradeBit: 10}\n"
+        "conntrack: {maxPerCore: 5}\n"
+    )
+    res = run(
+        "render", "--config", str(cfg), "--manifests", str(ROOT / "examples"), "--node", "node-a"
+    )
     assert res.returncode == 0, res.stderr
     assert "conntrack.maxPerCore is not supported" in res.stderr
     assert "-d 10.96.0.10 --dport 80 -j KUBE-MARK-MASQ" in res.stdout  # masqueradeAll from file
     assert "--or-mark 0x400" in res.stdout  # masqueradeBit 10 from the file
-    res2 = run("render", "--config", str(cfg), "--iptables-masquerade-bit", "12", "--manifests",
-               str(ROOT / "examples"), "--node", "node-a")
+    res2 = run(
+        "render",
+        "--config",
+        str(cfg),
+        "--iptables-masquerade-bit",
+        "12",
+        "--manifests",
+        str(ROOT / "examples"),
+        "--node",
+        "node-a",
+    )
     assert "--or-mark 0x1000" in res2.stdout  # the flag wins over the file
 
 

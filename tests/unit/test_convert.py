@@ -13,14 +13,26 @@ from tests.helpers import endpoint, endpoint_slice, node, port, service
 
 def test_every_service_field() -> None:
     svc = service(
-        "ns", "web", "10.96.0.1", [port("http", 80, nodePort=30080), port("", 53, "UDP")],
-        clusterIPs=["10.96.0.1", "fd00::1"], type="LoadBalancer",
-        externalIPs=["192.0.2.1", "2001:db8::1"], loadBalancerSourceRanges=["198.51.100.0/24"],
-        sessionAffinity="ClientIP", sessionAffinityConfig={"clientIP": {"timeoutSeconds": 60}},
-        externalTrafficPolicy="Local", internalTrafficPolicy="Local", healthCheckNodePort=31000,
+        "ns",
+        "web",
+        "10.96.0.1",
+        [port("http", 80, nodePort=30080), port("", 53, "UDP")],
+        clusterIPs=["10.96.0.1", "fd00::1"],
+        type="LoadBalancer",
+        externalIPs=["192.0.2.1", "2001:db8::1"],
+        loadBalancerSourceRanges=["198.51.100.0/24"],
+        sessionAffinity="ClientIP",
+        sessionAffinityConfig={"clientIP": {"timeoutSeconds": 60}},
+        externalTrafficPolicy="Local",
+        internalTrafficPolicy="Local",
+        healthCheckNodePort=31000,
         trafficDistribution="PreferClose",
-        status={"loadBalancer": {"ingress": [{"ip": "203.0.113.5"},
-                                             {"ip": "203.0.113.6", "ipMode": "Proxy"}]}})
+        status={
+            "loadBalancer": {
+                "ingress": [{"ip": "203.0.113.5"}, {"ip": "203.0.113.6", "ipMode": "Proxy"}]
+            }
+        },
+    )
     http, dns = convert.service_ports(svc)
     assert str(http.name) == "ns/web:http" and http.protocol is Protocol.TCP
     assert str(dns.name) == "ns/web" and dns.protocol is Protocol.UDP
@@ -38,20 +50,30 @@ def test_every_service_field() -> None:
 def test_family_view_filters_addresses() -> None:
     from pyproxy.model.types import IPFamily
 
-    (sp,) = convert.service_ports(service("ns", "a", "10.0.0.1", [port("p", 1)],
-                                          clusterIPs=["10.0.0.1", "fd00::1"],
-                                          externalIPs=["192.0.2.1", "2001:db8::1"]))
+    (sp,) = convert.service_ports(
+        service(
+            "ns",
+            "a",
+            "10.0.0.1",
+            [port("p", 1)],
+            clusterIPs=["10.0.0.1", "fd00::1"],
+            externalIPs=["192.0.2.1", "2001:db8::1"],
+        )
+    )
     v6 = sp.for_family(IPFamily.IPV6)
     assert v6 is not None and [str(i) for i in v6.external_ips] == ["2001:db8::1"]
     (only4,) = convert.service_ports(service("ns", "b", "10.0.0.2", [port("p", 1)]))
     assert only4.for_family(IPFamily.IPV6) is None
 
 
-@pytest.mark.parametrize("spec", [
-    {"clusterIP": "None"},
-    {"type": "ExternalName", "externalName": "example.org"},
-    {"clusterIP": ""},
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"clusterIP": "None"},
+        {"type": "ExternalName", "externalName": "example.org"},
+        {"clusterIP": ""},
+    ],
+)
 def test_headless_and_external_name_yield_no_ports(spec: dict) -> None:
     svc = service("ns", "h", None, [port("p", 80)], **spec)
     assert convert.service_ports(svc) == ()
@@ -62,20 +84,24 @@ def test_defaults() -> None:
     assert sp.protocol is Protocol.TCP and not sp.session_affinity_client_ip
     assert sp.sticky_max_age_seconds == 10800
     # externalTrafficPolicy=Local means nothing for a service that is not externally reachable
-    (cl,) = convert.service_ports(service("ns", "b", "10.0.0.2", [port("p", 1)],
-                                          externalTrafficPolicy="Local"))
+    (cl,) = convert.service_ports(
+        service("ns", "b", "10.0.0.2", [port("p", 1)], externalTrafficPolicy="Local")
+    )
     assert not cl.external_policy_local
 
 
-@pytest.mark.parametrize("ports,reason", [
-    ([port("p", 70000)], "out of range"),
-    ([port("p", 0)], "out of range"),
-    ([port("p", "80")], "not an integer"),
-    ([port("p", 80, "ICMP")], "unknown protocol"),
-    ([{"name": "p"}], "no port number"),
-    ([], "spec.ports"),
-    ([port("p", 80), port("p", 81)], "duplicate"),
-])
+@pytest.mark.parametrize(
+    "ports,reason",
+    [
+        ([port("p", 70000)], "out of range"),
+        ([port("p", 0)], "out of range"),
+        ([port("p", "80")], "not an integer"),
+        ([port("p", 80, "ICMP")], "unknown protocol"),
+        ([{"name": "p"}], "no port number"),
+        ([], "spec.ports"),
+        ([port("p", 80), port("p", 81)], "duplicate"),
+    ],
+)
 def test_bad_services_are_rejected_with_a_reason(ports: list, reason: str) -> None:
     with pytest.raises(convert.BadObject, match=reason) as err:
         convert.service_ports(service("ns", "bad", "10.0.0.1", ports))
@@ -85,7 +111,7 @@ def test_bad_services_are_rejected_with_a_reason(ports: list, reason: str) -> No
 def test_bad_cluster_ip_and_missing_metadata() -> None:
     with pytest.raises(convert.BadObject, match="invalid clusterIP"):
         convert.service_ports(service("ns", "x", "10.0.0.999", [port("p", 1)]))
-    with pytest.raises(convert.BadObject, match="metadata.name"):
+    with pytest.raises(convert.BadObject, match=r"metadata\.name"):
         convert.service_ports({"kind": "Service", "spec": {}})
     with pytest.raises(convert.BadObject, match="spec is missing"):
         convert.service_ports({"kind": "Service", "metadata": {"name": "x", "namespace": "n"}})
@@ -93,22 +119,35 @@ def test_bad_cluster_ip_and_missing_metadata() -> None:
 
 def test_invalid_list_entries_are_dropped_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)
-    (sp,) = convert.service_ports(service("ns", "a", "10.0.0.1", [port("p", 1)],
-                                          externalIPs=["1.2.3.4", "nope"],
-                                          type="LoadBalancer",
-                                          loadBalancerSourceRanges=["10.0.0.0/8", "bad/99"]))
+    (sp,) = convert.service_ports(
+        service(
+            "ns",
+            "a",
+            "10.0.0.1",
+            [port("p", 1)],
+            externalIPs=["1.2.3.4", "nope"],
+            type="LoadBalancer",
+            loadBalancerSourceRanges=["10.0.0.0/8", "bad/99"],
+        )
+    )
     assert [str(i) for i in sp.external_ips] == ["1.2.3.4"]
     assert [str(n) for n in sp.load_balancer_source_ranges] == ["10.0.0.0/8"]
     assert "nope" in caplog.text and "bad/99" in caplog.text
 
 
 def test_endpoint_slice_conversion() -> None:
-    sl = endpoint_slice("ns", "web", "web-1", [
-        endpoint("10.1.0.1", node="n1"),
-        endpoint("10.1.0.2", ready=False, serving=True, terminating=True, zones=["z1"]),
-        endpoint("10.1.0.3", ready=False),
-    ], [port("http", 8080)], annotations={
-        "endpoints.kubernetes.io/last-change-trigger-time": "2026-01-02T03:04:05Z"})
+    sl = endpoint_slice(
+        "ns",
+        "web",
+        "web-1",
+        [
+            endpoint("10.1.0.1", node="n1"),
+            endpoint("10.1.0.2", ready=False, serving=True, terminating=True, zones=["z1"]),
+            endpoint("10.1.0.3", ready=False),
+        ],
+        [port("http", 8080)],
+        annotations={"endpoints.kubernetes.io/last-change-trigger-time": "2026-01-02T03:04:05Z"},
+    )
     info = convert.endpoint_slice(sl)
     assert info is not None and info.service == NamespacedName("ns", "web")
     assert info.ports == (("http", Protocol.TCP, 8080),)
@@ -127,10 +166,12 @@ def test_bad_slices() -> None:
     with pytest.raises(convert.BadObject, match="invalid endpoint address"):
         convert.endpoint_slice(endpoint_slice("ns", "w", "s", [endpoint("x")], [port("p", 1)]))
     with pytest.raises(convert.BadObject, match="does not match"):
-        convert.endpoint_slice(endpoint_slice("ns", "w", "s", [endpoint("fd00::1")],
-                                              [port("p", 1)]))
-    fqdn = endpoint_slice("ns", "w", "s", [endpoint("10.0.0.1")], [port("p", 1)],
-                          address_type="FQDN")
+        convert.endpoint_slice(
+            endpoint_slice("ns", "w", "s", [endpoint("fd00::1")], [port("p", 1)])
+        )
+    fqdn = endpoint_slice(
+        "ns", "w", "s", [endpoint("10.0.0.1")], [port("p", 1)], address_type="FQDN"
+    )
     assert convert.endpoint_slice(fqdn) is None
 
 
@@ -145,6 +186,11 @@ def test_node_info() -> None:
 
 
 def test_ignored_labels() -> None:
-    svc = service("ns", "a", "10.0.0.1", [port("p", 1)],
-                  labels={"service.kubernetes.io/service-proxy-name": "other"})
+    svc = service(
+        "ns",
+        "a",
+        "10.0.0.1",
+        [port("p", 1)],
+        labels={"service.kubernetes.io/service-proxy-name": "other"},
+    )
     assert convert.is_ignored_by_label(svc)

@@ -19,8 +19,11 @@ from pyproxy.model.types import NamespacedName
 from tests.helpers import endpoint, endpoint_slice, parse_restore, port, service, tracker_with
 
 NODE = "test-node"
-CFG = IptablesConfig(cluster_cidrs=(ipaddress.ip_network("10.0.0.0/8"),), random_fully=False,
-                     node_ips=(ipaddress.ip_address("192.168.0.2"),))
+CFG = IptablesConfig(
+    cluster_cidrs=(ipaddress.ip_network("10.0.0.0/8"),),
+    random_fully=False,
+    node_ips=(ipaddress.ip_address("192.168.0.2"),),
+)
 
 UPSTREAM_OVERALL = """
 *filter
@@ -125,24 +128,50 @@ def overall_objects() -> list[dict]:
     p80 = [port("p80", 80)]
     return [
         service("ns1", "svc1", "172.30.0.41", [port("p80", 80)]),
-        service("ns2", "svc2", "172.30.0.42", [port("p80", 80, nodePort=3001)],
-                type="LoadBalancer", externalTrafficPolicy="Local",
-                externalIPs=["192.168.99.22"], healthCheckNodePort=30000,
-                status={"loadBalancer": {"ingress": [{"ip": "1.2.3.4"}]}}),
+        service(
+            "ns2",
+            "svc2",
+            "172.30.0.42",
+            [port("p80", 80, nodePort=3001)],
+            type="LoadBalancer",
+            externalTrafficPolicy="Local",
+            externalIPs=["192.168.99.22"],
+            healthCheckNodePort=30000,
+            status={"loadBalancer": {"ingress": [{"ip": "1.2.3.4"}]}},
+        ),
         service("ns3", "svc3", "172.30.0.43", [port("p80", 80, nodePort=3003)], type="NodePort"),
-        service("ns4", "svc4", "172.30.0.44", [port("p80", 80, targetPort=80)], type="NodePort",
-                externalIPs=["192.168.99.33"]),
-        service("ns5", "svc5", "172.30.0.45", [port("p80", 80, nodePort=3002)],
-                type="LoadBalancer", externalTrafficPolicy="Cluster", healthCheckNodePort=30000,
-                loadBalancerSourceRanges=[" 203.0.113.0/25"], sessionAffinity="ClientIP",
-                sessionAffinityConfig={"clientIP": {"timeoutSeconds": 10800}},
-                status={"loadBalancer": {"ingress": [{"ip": "5.6.7.8"}]}}),
+        service(
+            "ns4",
+            "svc4",
+            "172.30.0.44",
+            [port("p80", 80, targetPort=80)],
+            type="NodePort",
+            externalIPs=["192.168.99.33"],
+        ),
+        service(
+            "ns5",
+            "svc5",
+            "172.30.0.45",
+            [port("p80", 80, nodePort=3002)],
+            type="LoadBalancer",
+            externalTrafficPolicy="Cluster",
+            healthCheckNodePort=30000,
+            loadBalancerSourceRanges=[" 203.0.113.0/25"],
+            sessionAffinity="ClientIP",
+            sessionAffinityConfig={"clientIP": {"timeoutSeconds": 10800}},
+            status={"loadBalancer": {"ingress": [{"ip": "5.6.7.8"}]}},
+        ),
         service("ns6", "svc6", "172.30.0.46", [port("p80", 80, targetPort=80)], type="ClusterIP"),
         endpoint_slice("ns1", "svc1", "svc1-1", [endpoint("10.180.0.1")], p80),
         endpoint_slice("ns2", "svc2", "svc2-1", [endpoint("10.180.0.2")], p80),
         endpoint_slice("ns3", "svc3", "svc3-1", [endpoint("10.180.0.3")], p80),
-        endpoint_slice("ns4", "svc4", "svc4-1",
-                       [endpoint("10.180.0.4"), endpoint("10.180.0.5", node=NODE)], p80),
+        endpoint_slice(
+            "ns4",
+            "svc4",
+            "svc4-1",
+            [endpoint("10.180.0.4"), endpoint("10.180.0.5", node=NODE)],
+            p80,
+        ),
         endpoint_slice("ns5", "svc5", "svc5-1", [endpoint("10.180.0.3")], p80),
     ]
 
@@ -226,8 +255,10 @@ def test_partial_sync_writes_only_the_changed_service() -> None:
     assert "2VJB64SDSIJUP5T6" not in nat
     # KUBE-SERVICES is changed by inserting one line, not redeclared (which would flush it).
     assert ":KUBE-SERVICES" not in nat
-    assert ('-I KUBE-SERVICES 1 -m comment --comment "ns3/svc3:p80 cluster IP" -m tcp -p tcp '
-            "-d 172.30.0.43 --dport 80 -j KUBE-SVC-X27LE4BHSL4DOUIK") in nat
+    assert (
+        '-I KUBE-SERVICES 1 -m comment --comment "ns3/svc3:p80 cluster IP" -m tcp -p tcp '
+        "-d 172.30.0.43 --dport 80 -j KUBE-SVC-X27LE4BHSL4DOUIK"
+    ) in nat
     assert "*filter\nCOMMIT" in text  # nothing changed in the filter table
 
 

@@ -21,8 +21,11 @@ def write(path: Path, *docs: dict) -> None:
 def test_initial_add_edit_delete(tmp_path: Path) -> None:
     events: list[Event] = []
     a = tmp_path / "a.yaml"
-    write(a, service("ns", "web", "10.96.0.1", [port("p", 80)]),
-          endpoint_slice("ns", "web", "web-1", [endpoint("10.1.0.1")], [port("p", 80)]))
+    write(
+        a,
+        service("ns", "web", "10.96.0.1", [port("p", 80)]),
+        endpoint_slice("ns", "web", "web-1", [endpoint("10.1.0.1")], [port("p", 80)]),
+    )
     src = ManifestsSource(tmp_path, events.append)
     src.initial()
     replaces = {e.kind: len(e.objects) for e in events if e.type is EventType.REPLACE}
@@ -34,13 +37,16 @@ def test_initial_add_edit_delete(tmp_path: Path) -> None:
     write(tmp_path / "b.yml", service("ns", "db", "10.96.0.2", [port("p", 5432)]))
     src.poll()
     assert [(e.kind, e.type, e.obj["metadata"]["name"]) for e in events] == [
-        ("Service", EventType.ADDED, "db")]
+        ("Service", EventType.ADDED, "db")
+    ]
 
     events.clear()
     write(a, service("ns", "web", "10.96.0.1", [port("p", 81)]))
     src.poll()
     assert sorted((e.type, e.obj["metadata"]["name"]) for e in events) == [
-        (EventType.DELETED, "web-1"), (EventType.MODIFIED, "web")]
+        (EventType.DELETED, "web-1"),
+        (EventType.MODIFIED, "web"),
+    ]
 
     events.clear()
     (tmp_path / "b.yml").unlink()

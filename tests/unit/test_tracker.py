@@ -72,8 +72,9 @@ def test_changed_set_names_only_changed_services() -> None:
 
 
 def test_slices_merge_and_dedupe() -> None:
-    t = tracker_with("n1", svc(), sl("10.1.0.2", "10.1.0.1", name="a"),
-                     sl("10.1.0.1", "10.1.0.3", name="b"))
+    t = tracker_with(
+        "n1", svc(), sl("10.1.0.2", "10.1.0.1", name="a"), sl("10.1.0.1", "10.1.0.3", name="b")
+    )
     (eps,) = t.current_state().endpoints.values()
     assert [str(e) for e in eps] == ["10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.3:8080"]
 
