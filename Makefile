@@ -29,6 +29,7 @@ unit: $(BIN)/pyproxy
 
 lint: $(BIN)/pyproxy
 	$(BIN)/ruff check pyproxy tests
+	$(BIN)/ruff format --check pyproxy tests
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

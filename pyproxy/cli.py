@@ -232,8 +232,8 @@ def cli(ctx: click.Context, /, **params: Any) -> None:
     from pyproxy.daemon import Daemon, DaemonConfig
 
     bopts = backend_options(opts)
-    parse_bind_address("--metrics-bind-address", opts.metrics_bind_address)
-    parse_bind_address("--healthz-bind-address", opts.healthz_bind_address)
+    metrics_address = parse_bind_address("--metrics-bind-address", opts.metrics_bind_address)
+    healthz_address = parse_bind_address("--healthz-bind-address", opts.healthz_bind_address)
     min_sync = parse_duration("--min-sync-period", opts.min_sync_period)
     sync = parse_duration("--sync-period", opts.sync_period)
     if sync <= 0:
@@ -252,6 +252,8 @@ def cli(ctx: click.Context, /, **params: Any) -> None:
         manifests=manifests,
         kubeconfig=opts.kubeconfig,
         master=opts.master,
+        metrics_address=metrics_address,
+        healthz_address=healthz_address,
     )
     ctx.exit(Daemon(cfg).run())
 

@@ -1,8 +1,8 @@
-"""Wiring: source -> tracker -> runner -> syncer -> backend, plus signal handling.
+"""Wiring: source -> tracker -> runner -> syncer -> backend, plus the operator endpoints.
 
-Threads: one per source watch (or one polling the manifests directory); the runner loop on
-the main thread. Stopping (SIGTERM/SIGINT) ends the loops and releases the backend without
-removing rules, so a restarted pyproxy takes over with traffic still flowing.
+Threads: one per source watch (or one polling the manifests directory), one per HTTP server,
+and the runner loop on the main thread. Stopping (SIGTERM/SIGINT) ends the loops and releases
+the backend without removing rules, so a restarted pyproxy takes over with traffic flowing.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -17,13 +18,23 @@ from typing import Any
 
 from pyproxy.backends import registry
 from pyproxy.backends.base import Backend
+from pyproxy.health import (
+    ProxyHealth,
+    ServiceHealthServer,
+    health_routes,
+    metrics_routes,
+    serve,
+)
+from pyproxy.metrics import Metrics
 from pyproxy.model.events import Event
 from pyproxy.runner import BoundedFrequencyRunner
 from pyproxy.sources.manifests import ManifestsSource
-from pyproxy.sync import Syncer
+from pyproxy.sync import Syncer, SyncRecord
 from pyproxy.tracker import ChangeTracker
 
 log = logging.getLogger(__name__)
+
+FAILURES_BEFORE_EVENT = 3
 
 
 @dataclass(frozen=True)
@@ -36,6 +47,8 @@ class DaemonConfig:
     manifests: Path | None = None
     kubeconfig: str | None = None
     master: str | None = None
+    metrics_address: tuple[str, int] | None = ("127.0.0.1", 10249)
+    healthz_address: tuple[str, int] | None = ("0.0.0.0", 10256)
 
 
 class Daemon:
@@ -50,12 +63,72 @@ class Daemon:
             cfg.sync_period,
             retry_min=max(cfg.min_sync_period, 1.0),
         )
-        self.tracker.on_change = self.runner.run
+        self.metrics = Metrics(cfg.mode)
+        self.health = ProxyHealth(timeout=2 * cfg.sync_period)
+        host = cfg.healthz_address[0] if cfg.healthz_address else "0.0.0.0"
+        self.service_health = ServiceHealthServer(
+            host=host if host not in ("127.0.0.1", "::1") else "0.0.0.0",
+            proxy_healthy=lambda: self.health.status(with_node=False)[0] == 200,
+        )
+        self.tracker.on_change = self._on_change
+        self.syncer.listeners.append(self._on_sync)
         self.stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._families: tuple[str, ...] = ("IPv4",)
+        self.post_event: Callable[[str, str, str], None] | None = None
+
+    # ---- event plumbing ---------------------------------------------------------------
+
+    def _on_change(self) -> None:
+        self.health.queued()
+        self.health.sync_node(self.tracker.node)
+        self.metrics.queued(self._families)
+        self.metrics.pending(*self.tracker.pending_counts())
+        self.runner.run()
+
+    def _on_sync(self, rec: SyncRecord) -> None:
+        self.metrics.observe(rec)
+        self.metrics.pending(*self.tracker.pending_counts())
+        for kind, n in self.tracker.skipped.items():
+            self.metrics.skipped.labels(kind).set(n)
+        if rec.ok and rec.state is not None:
+            if rec.result is not None:
+                self._families = rec.result.families
+            self.health.updated(as_of=rec.taken)
+            self.health.sync_node(rec.state.node)
+            self.service_health.sync(rec.state)
+        elif self.syncer.stats.consecutive_failures == FAILURES_BEFORE_EVENT and self.post_event:
+            self.post_event(
+                "Warning",
+                "SyncProxyRulesFailed",
+                f"{FAILURES_BEFORE_EVENT} syncs in a row failed: {rec.error}",
+            )
 
     def _sink(self, event: Event) -> None:
         self.tracker.apply(event)
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def start_servers(self) -> None:
+        def count(path: str, code: int) -> None:
+            (self.metrics.healthz if path == "/healthz" else self.metrics.livez).labels(
+                str(code)
+            ).inc()
+
+        if self.cfg.healthz_address:
+            try:
+                serve(*self.cfg.healthz_address, health_routes(self.health, count), "healthz")
+            except OSError as err:
+                log.error("cannot serve healthz on %s:%d: %s", *self.cfg.healthz_address, err)
+        if self.cfg.metrics_address:
+            try:
+                serve(
+                    *self.cfg.metrics_address,
+                    metrics_routes(self.metrics.registry, self.cfg.mode, self.health),
+                    "metrics",
+                )
+            except OSError as err:
+                log.error("cannot serve metrics on %s:%d: %s", *self.cfg.metrics_address, err)
 
     def start_sources(self) -> None:
         if self.cfg.manifests is not None:
@@ -64,10 +137,15 @@ class Daemon:
             t.start()
             self._threads.append(t)
             return
-        from pyproxy.sources.apiserver import ApiServerSource, load_client
+        from pyproxy.sources.apiserver import ApiServerSource, EventRecorder, load_client
 
         api = load_client(self.cfg.kubeconfig, self.cfg.master)
-        self._threads += ApiServerSource(api, self.cfg.node_name, self._sink).start(self.stop)
+        source = ApiServerSource(api, self.cfg.node_name, self._sink)
+        source.on_reconnect = lambda kind: self.metrics.reconnects.labels(kind).inc()
+        recorder = EventRecorder(api, self.cfg.node_name)
+        self.post_event = recorder.post
+        recorder.post("Normal", "Starting", f"Starting pyproxy ({self.cfg.mode} mode).")
+        self._threads += source.start(self.stop)
 
     def shutdown(self, *_: object) -> None:
         self.stop.set()
@@ -86,9 +164,12 @@ class Daemon:
             self.cfg.node_name,
             self.cfg.manifests or "apiserver",
         )
+        self.health.updated()  # as upstream: healthy while starting up
+        self.start_servers()
         self.start_sources()
         try:
             self.runner.loop(self.stop)
         finally:
+            self.service_health.close()
             self.backend.close()
         return 0

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pyproxy.backends.base import Backend, BackendError, SyncRequest, SyncResult
+from pyproxy.model.types import ProxyState
 from pyproxy.tracker import ChangeTracker
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,8 @@ log = logging.getLogger(__name__)
 class SyncRecord:
     finished: float
     """Wall-clock time the sync ended."""
+    taken: float
+    """Wall-clock time the sync took its snapshot of the tracker's state."""
     duration: float
     full: bool
     ok: bool
@@ -33,6 +36,8 @@ class SyncRecord:
     latencies: tuple[float, ...] = ()
     error: str = ""
     result: SyncResult | None = None
+    state: ProxyState | None = None
+    """The state this sync programmed (successful syncs only)."""
 
 
 @dataclass
@@ -41,6 +46,7 @@ class SyncStats:
     syncs: int = 0
     full_syncs: int = 0
     failures: int = 0
+    consecutive_failures: int = 0
     last_success: float | None = None
 
 
@@ -80,6 +86,7 @@ class Syncer:
 
     def _sync_locked(self) -> None:
         start = self._clock()
+        taken = self._wall()
         changes = self.tracker.take()
         full = (
             self._need_full
@@ -98,6 +105,7 @@ class Syncer:
             self._record(
                 SyncRecord(
                     self._wall(),
+                    taken,
                     self._clock() - start,
                     full,
                     False,
@@ -116,6 +124,7 @@ class Syncer:
             latencies = [end - changes.first_seen]
         rec = SyncRecord(
             end_wall,
+            taken,
             end - start,
             result.full,
             True,
@@ -123,6 +132,7 @@ class Syncer:
             changes.endpoint_changes,
             tuple(max(0.0, x) for x in latencies),
             result=result,
+            state=changes.state,
         )
         self._record(rec)
         log.info(
@@ -140,8 +150,10 @@ class Syncer:
         if rec.ok:
             s.last_success = rec.finished
             s.full_syncs += rec.full
+            s.consecutive_failures = 0
         else:
             s.failures += 1
+            s.consecutive_failures += 1
         for fn in self.listeners:
             try:
                 fn(rec)

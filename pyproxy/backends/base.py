@@ -51,14 +51,18 @@ class SyncRequest:
 @dataclass(frozen=True)
 class SyncResult:
     full: bool
+    families: tuple[str, ...] = ("IPv4",)
+    """The IP families this sync programmed ("IPv4", "IPv6")."""
     rules_total: Mapping[str, int] = field(default_factory=dict)
-    """Rules the backend owns after the sync, per table (or per object kind)."""
+    """Rules the backend owns after the sync, keyed "table/family"."""
     rules_written: Mapping[str, int] = field(default_factory=dict)
-    """Rules written in this sync, per table."""
+    """Rules written in this sync, keyed "table/family"."""
     render_seconds: float = 0.0
     apply_seconds: float = 0.0
     no_local_endpoints: Mapping[str, int] = field(default_factory=dict)
-    """Services with a Local policy and no local endpoint, keyed "internal"/"external"."""
+    """Services with a Local policy and no local endpoint, keyed "internal|external/family"."""
+    restore_failures: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    """Cumulative (failed restores, failed partial restores) per family."""
 
 
 class Backend(abc.ABC):

@@ -60,7 +60,9 @@ class Iptables:
             cmd.append("--counters")
         res = subprocess.run(cmd, input=data, capture_output=True, text=True, timeout=timeout)
         if res.returncode != 0:
-            err = res.stderr.strip()
+            # One line for the log: the tool's banner line carries no information.
+            lines = [ln.strip() for ln in res.stderr.splitlines() if ln.strip()]
+            err = "; ".join(ln for ln in lines if not ln.endswith("(nf_tables):")) or "failed"
             m = re.search(r"line:? (\d+)", err)
             raise IptablesError(
                 f"{self._tool('-restore')} failed: {err}", int(m.group(1)) if m else None

@@ -250,3 +250,59 @@ class ApiServerSource:
 
 def _is_gone(err: Exception) -> bool:
     return getattr(err, "status", None) == 410
+
+
+class EventRecorder:
+    """Posts core/v1 Events about this node (start-up, repeated sync failures).
+
+    Best effort: a failure to post is logged, never raised."""
+
+    def __init__(self, api: Any, node_name: str, component: str = "pyproxy") -> None:
+        self.api = api
+        self.node_name = node_name
+        self.component = component
+
+    def post(self, event_type: str, reason: str, message: str) -> None:
+        import datetime as dt
+
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{self.node_name}.", "namespace": "default"},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": self.node_name,
+                "uid": self.node_name,
+            },
+            "reason": reason,
+            "message": message,
+            "type": event_type,
+            "source": {"component": self.component, "host": self.node_name},
+            "reportingComponent": self.component,
+            "reportingInstance": self.node_name,
+            "firstTimestamp": now[:19] + "Z",
+            "lastTimestamp": now[:19] + "Z",
+            "count": 1,
+        }
+        try:
+            method, url, headers, data, post = self.api.param_serialize(
+                "POST",
+                "/api/v1/namespaces/default/events",
+                body=body,
+                header_params={"Content-Type": "application/json", "Accept": "application/json"},
+                auth_settings=["BearerToken"],
+            )
+            resp = self.api.call_api(
+                method,
+                url,
+                header_params=headers,
+                body=data,
+                post_params=post,
+                _request_timeout=(5, 10),
+            ).response
+            if not 200 <= resp.status < 300:
+                log.warning("cannot record event %s: HTTP %d", reason, resp.status)
+        except Exception as err:
+            log.warning("cannot record event %s: %s", reason, err)

@@ -22,7 +22,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pyproxy.backends.base import Backend, BackendError, BackendUnavailable, SyncRequest, SyncResult
 from pyproxy.backends.iptables import names
@@ -77,12 +77,6 @@ class _Family:
     last_state: ProxyState | None = None
     restore_failures: int = 0
     partial_failures: int = 0
-
-
-@dataclass
-class _Stats:
-    rules_total: Counter[str] = field(default_factory=Counter)
-    rules_written: Counter[str] = field(default_factory=Counter)
 
 
 def _spec(line: str) -> str:
@@ -271,41 +265,43 @@ class IptablesBackend(Backend):
 
     def sync(self, request: SyncRequest) -> SyncResult:
         fams = self._setup()
-        stats = _Stats()
+        total: Counter[str] = Counter()
+        written: Counter[str] = Counter()
+        no_local: Counter[str] = Counter()
         did_full = False
         render_s = apply_s = 0.0
-        no_local: Counter[str] = Counter()
         local = self._local_ips()
         for fam in fams:
+            name = fam.family.value
             t0 = time.monotonic()
             cfg = self.config(fam.family, local)
             new = render(request.state, cfg)
             t1 = time.monotonic()
-            full = self._sync_family(fam, cfg, new, request)
+            full = self._sync_family(fam, new, request)
             apply_s += time.monotonic() - t1
             render_s += t1 - t0
             did_full = did_full or full
-            stats.rules_total.update(new.rule_counts())
-            no_local.update(new.no_local_endpoints())
+            total.update({f"{t}/{name}": n for t, n in new.rule_counts().items()})
+            written.update({f"{t}/{name}": n for t, n in _written(self.last_restore).items()})
+            no_local.update({f"{p}/{name}": n for p, n in new.no_local_endpoints().items()})
             filters = stale_filters(fam.last_state, request.state, fam.family)
             if filters:
                 n = conntrack.delete(filters, ipv6=fam.family is IPFamily.IPV6)
-                log.info("cleared %d stale UDP conntrack entries (%s)", n, fam.family.value)
+                log.info("cleared %d stale UDP conntrack entries (%s)", n, name)
             fam.last = new
             fam.last_state = request.state
-            stats.rules_written.update(_written(self.last_restore))
         return SyncResult(
             full=did_full,
-            rules_total=dict(stats.rules_total),
-            rules_written=dict(stats.rules_written),
+            families=tuple(f.family.value for f in fams),
+            rules_total=dict(total),
+            rules_written=dict(written),
             render_seconds=render_s,
             apply_seconds=apply_s,
             no_local_endpoints=dict(no_local),
+            restore_failures=self.failure_counts(),
         )
 
-    def _sync_family(
-        self, fam: _Family, cfg: IptablesConfig, new: Rendered, request: SyncRequest
-    ) -> bool:
+    def _sync_family(self, fam: _Family, new: Rendered, request: SyncRequest) -> bool:
         full = request.full or fam.last is None or not self._canary_ok(fam)
         if not full:
             assert fam.last is not None
@@ -316,7 +312,7 @@ class IptablesBackend(Backend):
             except BackendError as err:
                 fam.partial_failures += 1
                 log.warning("partial sync failed (%s); doing a full sync", err)
-        self._ensure_jumps(fam, cfg)
+        self._ensure_jumps(fam)
         try:
             existing = chains_in_save(fam.ipt.save("nat"))
         except IptablesError as err:
@@ -342,7 +338,10 @@ class IptablesBackend(Backend):
         except (OSError, IptablesError):
             return False
 
-    def _ensure_jumps(self, fam: _Family, cfg: IptablesConfig) -> None:
+    def _ensure_jumps(self, fam: _Family) -> None:
+        cfg = IptablesConfig(
+            family=fam.family, localhost_nodeports=self.options.localhost_nodeports
+        )
         try:
             for table in ("mangle", "nat", "filter"):
                 fam.ipt.ensure_chain(table, KUBE_PROXY_CANARY)
@@ -372,8 +371,8 @@ class IptablesBackend(Backend):
         if errors:
             raise BackendError("; ".join(errors))
 
-    def family_counters(self) -> dict[str, tuple[int, int]]:
-        """{family: (restore failures, partial restore failures)} for metrics."""
+    def failure_counts(self) -> dict[str, tuple[int, int]]:
+        """{family: (restore failures, partial restore failures)}, cumulative."""
         return {
             f.family.value: (f.restore_failures, f.partial_failures) for f in (self._families or [])
         }

@@ -1,0 +1,231 @@
+"""HTTP endpoints operators probe: proxy health (/healthz, /livez on --healthz-bind-address),
+metrics (/metrics, /proxyMode on --metrics-bind-address), and health-check node ports.
+
+Shapes follow upstream (pkg/proxy/healthcheck): /healthz and /livez answer JSON
+``{"lastUpdated": ..., "currentTime": ...}`` (+ ``"nodeEligible"`` on /healthz), 200 while no
+queued change has waited longer than the health timeout (2 x sync period) and 503 after; /healthz
+is also 503 while the node is being deleted or carries the ToBeDeletedByClusterAutoscaler
+taint. A LoadBalancer service with externalTrafficPolicy=Local gets an HTTP server on its
+healthCheckNodePort that answers 200 with the local endpoint count while this node has local
+ready endpoints, 503 otherwise, so cloud load balancers pick nodes with pods.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from pyproxy.model.types import NamespacedName, NodeInfo, ProxyState
+
+log = logging.getLogger(__name__)
+
+
+def _go_time(t: float) -> str:
+    """Go's time.String() layout, which upstream's %q prints."""
+    d = datetime.fromtimestamp(t, tz=UTC)
+    return d.strftime("%Y-%m-%d %H:%M:%S.") + f"{d.microsecond * 1000:09d} +0000 UTC"
+
+
+class ProxyHealth:
+    """Upstream's proxierHealthServer state: oldest queued update, last update, node."""
+
+    def __init__(self, timeout: float, clock: Callable[[], float] = time.time) -> None:
+        self.timeout = timeout
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._oldest_queued: float | None = None
+        self._last_updated: float | None = None
+        self.node_eligible = True
+
+    def queued(self) -> None:
+        with self._lock:
+            if self._oldest_queued is None:
+                self._oldest_queued = self._clock()
+
+    def updated(self, as_of: float | None = None) -> None:
+        """Rules are programmed for every change queued up to ``as_of`` (default: now).
+
+        A change queued after the sync took its snapshot stays pending, so a sync that was
+        already running cannot hide a later one that keeps failing."""
+        with self._lock:
+            if as_of is None or self._oldest_queued is None or self._oldest_queued <= as_of:
+                self._oldest_queued = None
+            self._last_updated = self._clock()
+
+    def sync_node(self, node: NodeInfo) -> None:
+        self.node_eligible = node.eligible or not node.exists
+
+    def status(self, with_node: bool) -> tuple[int, dict[str, Any]]:
+        with self._lock:
+            now = self._clock()
+            healthy = self._oldest_queued is None or now - self._oldest_queued < self.timeout
+            last = self._last_updated
+        eligible = self.node_eligible
+        if with_node:
+            healthy = healthy and eligible
+        body: dict[str, Any] = {
+            "lastUpdated": _go_time(now if healthy or last is None else last),
+            "currentTime": _go_time(now),
+        }
+        if with_node:
+            body["nodeEligible"] = eligible
+        return (200 if healthy else 503), body
+
+
+def _json_handler(route: Callable[[str], tuple[int, str, bytes] | None]) -> type:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            res = route(self.path.split("?", 1)[0])
+            if res is None:
+                self.send_error(404)
+                return
+            code, ctype, body = res
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("X-Content-Type-Options", "nosniff")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, fmt: str, *args: Any) -> None:
+            log.debug("%s %s", self.address_string(), fmt % args)
+
+    return Handler
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, host: str, port: int, handler: type) -> None:
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        super().__init__((host, port), handler)
+
+
+def serve(
+    host: str, port: int, route: Callable[[str], tuple[int, str, bytes] | None], name: str
+) -> _Server:
+    """Start an HTTP server in a daemon thread; raises OSError if the port is taken."""
+    server = _Server(host, port, _json_handler(route))
+    threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
+    log.info("serving %s on %s:%d", name, host, server.server_address[1])
+    return server
+
+
+def health_routes(
+    health: ProxyHealth, counter: Callable[[str, int], None] | None = None
+) -> Callable[[str], tuple[int, str, bytes] | None]:
+    def route(path: str) -> tuple[int, str, bytes] | None:
+        if path not in ("/healthz", "/livez"):
+            return None
+        code, body = health.status(with_node=path == "/healthz")
+        if counter is not None:
+            counter(path, code)
+        return code, "application/json", json.dumps(body).encode()
+
+    return route
+
+
+def metrics_routes(
+    registry: CollectorRegistry, mode: str, health: ProxyHealth
+) -> Callable[[str], tuple[int, str, bytes] | None]:
+    def route(path: str) -> tuple[int, str, bytes] | None:
+        if path == "/metrics":
+            return 200, CONTENT_TYPE_LATEST, generate_latest(registry)
+        if path == "/proxyMode":
+            return 200, "text/plain; charset=utf-8", mode.encode()
+        if path == "/healthz":
+            return 200, "text/plain; charset=utf-8", b"ok"
+        return None
+
+    return route
+
+
+def local_ready_endpoints(state: ProxyState) -> dict[NamespacedName, int]:
+    """Per service with a health-check node port: ready endpoints on this node."""
+    out: dict[NamespacedName, int] = {}
+    for name, sp in state.services.items():
+        if not sp.health_check_node_port:
+            continue
+        count = sum(
+            1
+            for ep in state.endpoints.get(name, ())
+            if ep.ready and ep.node_name == state.node.name
+        )
+        out[name.service] = max(out.get(name.service, 0), count)
+    return out
+
+
+class ServiceHealthServer:
+    """One listener per healthCheckNodePort, opened and closed as services come and go."""
+
+    def __init__(
+        self, host: str = "0.0.0.0", proxy_healthy: Callable[[], bool] = lambda: True
+    ) -> None:
+        self.host = host
+        self.proxy_healthy = proxy_healthy
+        self._servers: dict[int, _Server] = {}
+        self._owner: dict[int, NamespacedName] = {}
+        self._counts: dict[NamespacedName, int] = {}
+        self._lock = threading.Lock()
+
+    def ports(self) -> dict[int, NamespacedName]:
+        with self._lock:
+            return dict(self._owner)
+
+    def sync(self, state: ProxyState) -> None:
+        wanted: dict[int, NamespacedName] = {}
+        for sp in state.services.values():
+            if sp.health_check_node_port:
+                wanted[sp.health_check_node_port] = sp.name.service
+        counts = local_ready_endpoints(state)
+        with self._lock:
+            self._counts = counts
+            self._owner = {p: s for p, s in wanted.items()}
+            for port in list(self._servers):
+                if port not in wanted:
+                    self._servers.pop(port).shutdown()
+            missing = [p for p in wanted if p not in self._servers]
+        for port in missing:
+            try:
+                self._servers[port] = serve(
+                    self.host, port, self._route(port), f"healthcheck-{port}"
+                )
+            except OSError as err:
+                log.error(
+                    "cannot serve health check node port %d for %s: %s", port, wanted[port], err
+                )
+
+    def _route(self, port: int) -> Callable[[str], tuple[int, str, bytes] | None]:
+        def route(_path: str) -> tuple[int, str, bytes] | None:
+            with self._lock:
+                svc = self._owner.get(port)
+                count = self._counts.get(svc, 0) if svc else 0
+            healthy = self.proxy_healthy()
+            body = {
+                "service": {
+                    "namespace": svc.namespace if svc else "",
+                    "name": svc.name if svc else "",
+                },
+                "localEndpoints": count,
+                "serviceProxyHealthy": healthy,
+            }
+            code = 200 if count > 0 and healthy else 503
+            return code, "application/json", json.dumps(body).encode()
+
+        return route
+
+    def close(self) -> None:
+        with self._lock:
+            for server in self._servers.values():
+                server.shutdown()
+            self._servers.clear()

@@ -1,0 +1,193 @@
+"""Prometheus metrics with kube-proxy's names, types, labels and buckets
+(pkg/proxy/metrics/metrics.go), so existing dashboards and alerts keep working; plus a few of
+pyproxy's own (``pyproxy_*``): render vs apply time, skipped objects, watch reconnects.
+
+Fed by ``SyncRecord``s from the syncer and by the tracker's pending counts; nothing here
+knows a backend.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from pyproxy.sync import SyncRecord
+
+SYNC_BUCKETS = tuple(0.001 * 2**i for i in range(15))  # ExponentialBuckets(0.001, 2, 15)
+NETWORK_PROGRAMMING_BUCKETS = (
+    0.25,
+    0.5,
+    *(float(i) for i in range(1, 60)),
+    *(float(i) for i in range(60, 120, 5)),
+    *(float(i) for i in range(120, 301, 30)),
+)
+FAMILY = ("ip_family",)
+
+
+class Metrics:
+    def __init__(self, mode: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.mode = mode
+        self.sync_duration = Histogram(
+            "kubeproxy_sync_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds",
+            FAMILY,
+            buckets=SYNC_BUCKETS,
+            registry=r,
+        )
+        self.full_duration = Histogram(
+            "kubeproxy_sync_full_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for full resyncs",
+            FAMILY,
+            buckets=SYNC_BUCKETS,
+            registry=r,
+        )
+        self.partial_duration = Histogram(
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for partial resyncs",
+            FAMILY,
+            buckets=SYNC_BUCKETS,
+            registry=r,
+        )
+        self.last_timestamp = Gauge(
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "The last time proxy rules were successfully synced",
+            FAMILY,
+            registry=r,
+        )
+        self.last_queued = Gauge(
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "The last time a sync of proxy rules was queued",
+            FAMILY,
+            registry=r,
+        )
+        self.network_programming = Histogram(
+            "kubeproxy_network_programming_duration_seconds",
+            "In Cluster Network Programming Latency in seconds",
+            FAMILY,
+            buckets=NETWORK_PROGRAMMING_BUCKETS,
+            registry=r,
+        )
+        # prometheus-client appends _total to counter names itself.
+        self.service_changes = Counter(
+            "kubeproxy_sync_proxy_rules_service_changes",
+            "Cumulative proxy rules Service changes",
+            registry=r,
+        )
+        self.endpoint_changes = Counter(
+            "kubeproxy_sync_proxy_rules_endpoint_changes",
+            "Cumulative proxy rules Endpoint changes",
+            registry=r,
+        )
+        self.service_pending = Gauge(
+            "kubeproxy_sync_proxy_rules_service_changes_pending",
+            "Pending proxy rules Service changes",
+            registry=r,
+        )
+        self.endpoint_pending = Gauge(
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+            "Pending proxy rules Endpoint changes",
+            registry=r,
+        )
+        self.no_local_endpoints = Gauge(
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+            "Number of services with a Local traffic policy and no endpoints",
+            ("traffic_policy", "ip_family"),
+            registry=r,
+        )
+        self.healthz = Counter(
+            "kubeproxy_proxy_healthz", "Cumulative proxy healthz HTTP status", ("code",), registry=r
+        )
+        self.livez = Counter(
+            "kubeproxy_proxy_livez", "Cumulative proxy livez HTTP status", ("code",), registry=r
+        )
+        self.restore_failures = Counter(
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures",
+            "Cumulative proxy iptables restore failures",
+            FAMILY,
+            registry=r,
+        )
+        self.partial_restore_failures = Counter(
+            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures",
+            "Cumulative proxy iptables partial restore failures",
+            FAMILY,
+            registry=r,
+        )
+        self.rules_total = Gauge(
+            "kubeproxy_sync_proxy_rules_iptables_total",
+            "Total number of iptables rules owned by kube-proxy",
+            ("table", "ip_family"),
+            registry=r,
+        )
+        self.rules_last = Gauge(
+            "kubeproxy_sync_proxy_rules_iptables_last",
+            "Number of iptables rules written by kube-proxy in last sync",
+            ("table", "ip_family"),
+            registry=r,
+        )
+        # pyproxy's own
+        self.phase = Histogram(
+            "pyproxy_sync_phase_duration_seconds",
+            "Time spent rendering vs applying rules per sync",
+            ("phase",),
+            buckets=SYNC_BUCKETS,
+            registry=r,
+        )
+        self.skipped = Gauge(
+            "pyproxy_skipped_objects", "Objects skipped as invalid, by kind", ("kind",), registry=r
+        )
+        self.reconnects = Counter(
+            "pyproxy_watch_reconnects",
+            "API watch connections re-established, by kind",
+            ("kind",),
+            registry=r,
+        )
+        self.sync_failures = Counter("pyproxy_sync_failures", "Syncs that failed", registry=r)
+
+    def queued(self, families: tuple[str, ...]) -> None:
+        now = time.time()
+        for fam in families:
+            self.last_queued.labels(fam).set(now)
+
+    def pending(self, services: int, endpoints: int) -> None:
+        self.service_pending.set(services)
+        self.endpoint_pending.set(endpoints)
+
+    def observe(self, rec: SyncRecord) -> None:
+        if not rec.ok or rec.result is None:
+            self.sync_failures.inc()
+            return
+        res = rec.result
+        self.service_changes.inc(rec.service_changes)
+        self.endpoint_changes.inc(rec.endpoint_changes)
+        self.phase.labels("render").observe(res.render_seconds)
+        self.phase.labels("apply").observe(res.apply_seconds)
+        for fam in res.families:
+            self.sync_duration.labels(fam).observe(rec.duration)
+            (self.full_duration if res.full else self.partial_duration).labels(fam).observe(
+                rec.duration
+            )
+            self.last_timestamp.labels(fam).set(rec.finished)
+            for latency in rec.latencies:
+                self.network_programming.labels(fam).observe(latency)
+        for key, value in res.rules_total.items():
+            table, _, fam = key.partition("/")
+            self.rules_total.labels(table, fam or "IPv4").set(value)
+        for key, value in res.rules_written.items():
+            table, _, fam = key.partition("/")
+            self.rules_last.labels(table, fam or "IPv4").set(value)
+        for key, value in res.no_local_endpoints.items():
+            policy, _, fam = key.partition("/")
+            self.no_local_endpoints.labels(policy, fam or "IPv4").set(value)
+        for fam, (failures, partial) in res.restore_failures.items():
+            self._set_counter(self.restore_failures.labels(fam), failures)
+            self._set_counter(self.partial_restore_failures.labels(fam), partial)
+
+    @staticmethod
+    def _set_counter(counter: Counter, value: float) -> None:
+        """Advance a counter to a cumulative value the backend keeps."""
+        current = counter._value.get()
+        if value > current:
+            counter.inc(value - current)
