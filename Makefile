@@ -22,7 +22,7 @@ $(BIN)/pyproxy: pyproject.toml
 	@touch $@
 
 test: $(BIN)/pyproxy
-	$(BIN)/pytest -q -rs
+	$(BIN)/pytest -q -rs -m "not e2e"
 
 unit: $(BIN)/pyproxy
 	$(BIN)/pytest -q tests/unit
@@ -41,7 +41,14 @@ demo: $(BIN)/pyproxy
 
 e2e: $(BIN)/pyproxy
 	tests/cluster/build.sh
-	@echo "e2e tests against the built control plane are not written yet (issue 4)"
+	$(BIN)/pytest -q -rs -m e2e tests/e2e
+
+cluster: $(BIN)/pyproxy
+	tests/cluster/build.sh
+	$(BIN)/python -m tests.cluster.cluster up
+
+cluster-down: $(BIN)/pyproxy
+	$(BIN)/python -m tests.cluster.cluster down
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -142,6 +142,7 @@ class Daemon:
         api = load_client(self.cfg.kubeconfig, self.cfg.master)
         source = ApiServerSource(api, self.cfg.node_name, self._sink)
         source.on_reconnect = lambda kind: self.metrics.reconnects.labels(kind).inc()
+        source.on_relist = lambda kind: self.metrics.relists.labels(kind).inc()
         recorder = EventRecorder(api, self.cfg.node_name)
         self.post_event = recorder.post
         recorder.post("Normal", "Starting", f"Starting pyproxy ({self.cfg.mode} mode).")

@@ -144,6 +144,12 @@ class Metrics:
             ("kind",),
             registry=r,
         )
+        self.relists = Counter(
+            "pyproxy_watch_relists",
+            "Full relists after the first (410 Gone or an error), by kind",
+            ("kind",),
+            registry=r,
+        )
         self.sync_failures = Counter("pyproxy_sync_failures", "Syncs that failed", registry=r)
 
     def queued(self, families: tuple[str, ...]) -> None:

@@ -106,6 +106,7 @@ class ApiServerSource:
         self.resources = resources(node_name)
         self.stats: dict[str, WatchStats] = {r.kind: WatchStats() for r in self.resources}
         self.on_reconnect: Callable[[str], None] | None = None
+        self.on_relist: Callable[[str], None] | None = None
 
     def _request(self, res: Resource, params: dict[str, str], timeout: tuple[float, float]) -> Any:
         """A raw GET; returns the streaming urllib3 response. Raises ApiStatus on non-2xx."""
@@ -149,6 +150,8 @@ class ApiServerSource:
             cont = body.get("metadata", {}).get("continue")
         kind_items = [{**i, "kind": res.kind} for i in items]
         self.stats[res.kind].lists += 1
+        if self.stats[res.kind].lists > 1 and self.on_relist is not None:
+            self.on_relist(res.kind)
         self.sink(Event(res.kind, EventType.REPLACE, objects=kind_items))
         return rv
 

@@ -268,21 +268,31 @@ class World:
 
 
 class Pyproxy:
-    """pyproxy running in the node namespace against a manifests directory."""
+    """pyproxy running in a node namespace, on a manifests directory or (with ``kubeconfig``
+    and ``manifests=None``) against an API server."""
 
     def __init__(
-        self, world: World, manifests: Path, log: Path, *extra: str, mode: str = "iptables"
+        self,
+        world: World,
+        manifests: Path | None,
+        log: Path,
+        *extra: str,
+        mode: str = "iptables",
+        kubeconfig: Path | None = None,
+        node: str = "node-a",
+        ns: str | None = None,
     ) -> None:
         self.world = world
-        self.manifests = manifests
+        self.manifests = manifests or Path("/nonexistent")
         self.log = log
+        self.ns = ns or world.node
+        source = ["--manifests", str(manifests)] if manifests else ["--kubeconfig", str(kubeconfig)]
         self.args = [
             "--mode",
             mode,
-            "--manifests",
-            str(manifests),
+            *source,
             "--hostname-override",
-            "node-a",
+            node,
             "--cluster-cidr",
             f"{CLUSTER_CIDR},{CLUSTER_CIDR6}",
             "--min-sync-period",
@@ -297,7 +307,7 @@ class Pyproxy:
 
     def start(self) -> Pyproxy:
         self.proc = self.world.spawn(
-            self.world.node,
+            self.ns,
             PYPROXY,
             *self.args,
             stdout=self.log.open("a"),
