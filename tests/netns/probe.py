@@ -9,8 +9,25 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import random
 import socket
 from collections import Counter, defaultdict
+
+_used: set[int] = set()
+
+
+def bind_fresh(s: socket.socket, host: str) -> None:
+    for _ in range(50):
+        port = random.randint(20000, 60000)
+        if port in _used:
+            continue
+        try:
+            s.bind((host, port))
+        except OSError:
+            continue
+        _used.add(port)
+        return
+    s.bind((host, 0))
 
 
 def main() -> None:
@@ -35,8 +52,13 @@ def main() -> None:
                 family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
                 with socket.socket(family, socket.SOCK_DGRAM) as s:
                     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    # A fresh source port per datagram (unless fixed): each is a new flow for
+                    # conntrack, so every datagram is an independent load-balancing draw.
+                    host = "::" if family == socket.AF_INET6 else "0.0.0.0"
                     if args.sport:
-                        s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", args.sport))
+                        s.bind((host, args.sport))
+                    else:
+                        bind_fresh(s, host)
                     s.settimeout(args.timeout)
                     s.sendto(b"hi", (args.host, args.port))
                     data = s.recv(200).decode()

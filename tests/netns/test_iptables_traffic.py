@@ -316,6 +316,17 @@ def test_sctp_rules_load(world: World, proxy: Pyproxy) -> None:
     assert "--to-destination 10.244.1.2:9999" in world.iptables_save("nat")
 
 
+def test_udp_hairpin(world: World, proxy: Pyproxy) -> None:
+    proxy.write(
+        "hairpin-udp",
+        *manifest_objects(world, svc("hairpin-udp", "10.96.1.14", [DNS]), pods(world, 1), DNS_EP),
+    )
+    pod_ns = world.ns_of(world.pods[0])
+    reachable(world, "10.96.1.14", 53, "udp", ns=pod_ns)
+    r = world.probe("udp", "10.96.1.14", 53, count=10, ns=pod_ns)
+    assert r["replies"] == {"pod-1": 10} and r["sources"]["pod-1"] == ["10.244.1.1"]
+
+
 def test_kernel_rules_after_partial_syncs_equal_a_full_render(world: World, proxy: Pyproxy) -> None:
     """After all the partial syncs above, the kernel holds what a full sync would write."""
     render = subprocess.run(
