@@ -4,6 +4,11 @@
 ARG BASE=python:3.11-slim-bookworm
 
 FROM ${BASE} AS build
+# python-iptables compiles a small C wrapper: the build stage needs a compiler and headers.
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc libc6-dev \
+ && if ! python3 -c 'import os,sys,sysconfig; sys.exit(not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))'; then \
+      DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-dev; fi
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY pyproxy ./pyproxy
