@@ -2,7 +2,8 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-DEBS   := iptables ipset conntrack nftables iproute2 ipvsadm user-mode-linux procps kmod
+DEBS   := iptables ipset conntrack nftables iproute2 ipvsadm user-mode-linux procps kmod \
+          buildah debootstrap
 
 .PHONY: install debs test unit lint e2e bench demo cluster cluster-down clean
 
@@ -22,7 +23,7 @@ $(BIN)/pyproxy: pyproject.toml
 	@touch $@
 
 test: $(BIN)/pyproxy
-	$(BIN)/pytest -q -rs -m "not e2e"
+	$(BIN)/pytest -q -rs -m "not e2e and not image"
 
 unit: $(BIN)/pyproxy
 	$(BIN)/pytest -q tests/unit
@@ -42,6 +43,12 @@ demo: $(BIN)/pyproxy
 e2e: $(BIN)/pyproxy
 	tests/cluster/build.sh
 	$(BIN)/pytest -q -rs -m e2e tests/e2e
+
+image:
+	tests/image/build.sh
+
+image-test: $(BIN)/pyproxy
+	$(BIN)/pytest -q -rs -m image tests/image
 
 cluster: $(BIN)/pyproxy
 	tests/cluster/build.sh

@@ -22,12 +22,14 @@ from pathlib import Path
 UML = shutil.which("linux.uml") or "/usr/bin/linux.uml"
 MODULES = Path("/usr/lib/uml/modules")
 ROOT = Path(__file__).resolve().parents[2]
-PRELOAD = ("ip_vs ip_vs_rr ip_vs_wrr ip_vs_lc ip_vs_wlc ip_vs_lblc ip_vs_lblcr ip_vs_dh ip_vs_sh "
-           "ip_vs_sed ip_vs_nq ip_vs_mh dummy veth bridge nf_conntrack nf_nat xt_conntrack "
-           "xt_comment xt_mark xt_addrtype xt_set ip_set ip_set_hash_ip ip_set_hash_ipport "
-           "ip_set_hash_ipportip ip_set_hash_ipportnet ip_set_bitmap_port ip_set_hash_net "
-           "iptable_nat iptable_filter iptable_mangle ipt_MASQUERADE ipt_REJECT xt_MASQUERADE "
-           "nf_conntrack_netlink xt_statistic xt_recent ip6table_nat ip6table_filter")
+PRELOAD = (
+    "ip_vs ip_vs_rr ip_vs_wrr ip_vs_lc ip_vs_wlc ip_vs_lblc ip_vs_lblcr ip_vs_dh ip_vs_sh "
+    "ip_vs_sed ip_vs_nq ip_vs_mh dummy veth bridge nf_conntrack nf_nat xt_conntrack "
+    "xt_comment xt_mark xt_addrtype xt_set ip_set ip_set_hash_ip ip_set_hash_ipport "
+    "ip_set_hash_ipportip ip_set_hash_ipportnet ip_set_bitmap_port ip_set_hash_net "
+    "iptable_nat iptable_filter iptable_mangle ipt_MASQUERADE ipt_REJECT xt_MASQUERADE "
+    "nf_conntrack_netlink xt_statistic xt_recent ip6table_nat ip6table_filter"
+)
 
 
 def unavailable() -> str | None:
@@ -75,12 +77,28 @@ echo o > /proc/sysrq-trigger
 sleep 5
 """)
         init.chmod(0o755)
-        cmd = [UML, f"mem={mem}", "root=/dev/root", "rootfstype=hostfs", "rootflags=/", "rw",
-               f"init={init}", "con=null", "con0=null,fd:1", f"umid=pyproxy{os.getpid()}",
-               "quiet"]
+        cmd = [
+            UML,
+            f"mem={mem}",
+            "root=/dev/root",
+            "rootfstype=hostfs",
+            "rootflags=/",
+            "rw",
+            f"init={init}",
+            "con=null",
+            "con0=null,fd:1",
+            f"umid=pyproxy{os.getpid()}",
+            "quiet",
+        ]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                                  errors="replace", stdin=subprocess.DEVNULL)
+            proc = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                errors="replace",
+                stdin=subprocess.DEVNULL,
+            )
             console = proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as err:
             console = f"killed after {timeout}s\n{err.stdout or ''}"
