@@ -174,6 +174,8 @@ def backend_options(opts: Options) -> dict[str, Any]:
             "--nodeport-addresses", opts.nodeport_addresses or ""
         ),
         "iptables_backend": opts.iptables_backend,
+        "ipvs_scheduler": opts.ipvs_scheduler,
+        "ipvs_strict_arp": bool(opts.ipvs_strict_arp),
     }
 
 
@@ -208,6 +210,13 @@ def _manifests_dir(value: str | None) -> Path | None:
     help="Maximum interval between syncs (a full resync).",
 )
 @click.option("--ipvs-scheduler", default="rr", show_default=True, help="IPVS scheduler.")
+@click.option(
+    "--ipvs-strict-arp",
+    "ipvs_strict_arp",
+    is_flag=True,
+    default=False,
+    help="Set arp_ignore=1 and arp_announce=2 (ipvs mode).",
+)
 @click.option("--metrics-bind-address", default="127.0.0.1:10249", show_default=True)
 @click.option("--healthz-bind-address", default="0.0.0.0:10256", show_default=True)
 @click.option("--v", "verbosity", type=int, default=None, help="klog-style verbosity (4+ = debug).")

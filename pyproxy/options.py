@@ -124,6 +124,7 @@ class Options:
     min_sync_period: str = "1s"
     sync_period: str = "30s"
     ipvs_scheduler: str = "rr"
+    ipvs_strict_arp: bool = False
     metrics_bind_address: str = "127.0.0.1:10249"
     healthz_bind_address: str = "0.0.0.0:10256"
     iptables_backend: str = "auto"
@@ -147,6 +148,7 @@ CONFIG_FIELDS: Mapping[str, str] = {
     "iptables.syncPeriod": "sync_period",
     "iptables.minSyncPeriod": "min_sync_period",
     "ipvs.scheduler": "ipvs_scheduler",
+    "ipvs.strictARP": "ipvs_strict_arp",
     "syncPeriod": "sync_period",
     "minSyncPeriod": "min_sync_period",
 }

@@ -7,7 +7,7 @@ from typing import Any
 from pyproxy.backends.base import Backend, BackendUnavailable
 
 MODES = ("iptables", "ipvs", "userspace", "nftables")
-BUILT = ("iptables",)
+BUILT = ("iptables", "ipvs")
 
 
 def create(mode: str, options: dict[str, Any]) -> Backend:
@@ -17,6 +17,11 @@ def create(mode: str, options: dict[str, Any]) -> Backend:
 
         known = IptablesOptions.__dataclass_fields__
         return IptablesBackend(IptablesOptions(**{k: v for k, v in options.items() if k in known}))
+    if mode == "ipvs":
+        from pyproxy.backends.ipvs.backend import IpvsBackend, IpvsOptions
+
+        known = IpvsOptions.__dataclass_fields__
+        return IpvsBackend(IpvsOptions(**{k: v for k, v in options.items() if k in known}))
     if mode in MODES:
         raise BackendUnavailable(
             f"--mode={mode} is not implemented yet (available: {', '.join(BUILT)})"

@@ -12,6 +12,7 @@ import logging
 import re
 import shutil
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -146,3 +147,42 @@ def extract_lines(data: str, line: int, context: int = 2) -> str:
     return "\n".join(
         f"{'>' if i + 1 == line else ' '}{i + 1:6d}: {lines[i]}" for i in range(lo, hi)
     )
+
+
+def working_tables() -> list[Iptables]:
+    """Every back end and family that works here (cleanup must reach them all)."""
+    out = []
+    for backend in BACKENDS:
+        for ipv6 in (False, True):
+            ipt = Iptables(backend, ipv6=ipv6)
+            if _works(ipt):
+                out.append(ipt)
+    return out
+
+
+def remove_chains(
+    ipt: Iptables, table: str, chains: Iterable[str], shared: Iterable[str] = ()
+) -> None:
+    """Flush and delete ``chains`` in one transaction; chains in ``shared`` (which another
+    component may still reference) are removed one by one, and only if unreferenced."""
+    shared = set(shared)
+    chains = list(chains)
+    mine = [c for c in chains if c not in shared]
+    if mine:
+        text = (
+            "\n".join(
+                [
+                    f"*{table}",
+                    *(f":{c} - [0:0]" for c in mine),
+                    *(f"-X {c}" for c in mine),
+                    "COMMIT",
+                ]
+            )
+            + "\n"
+        )
+        ipt.restore(text, counters=False)
+    for c in chains:
+        if c in shared:
+            ipt.run("-t", table, "-F", c, check=False)
+            if ipt.run("-t", table, "-X", c, check=False).returncode != 0:
+                log.info("left %s/%s in place: still referenced by another rule", table, c)

@@ -45,6 +45,8 @@ from pyproxy.kernel.iptables import (
     chains_in_save,
     detect_backend,
     extract_lines,
+    remove_chains,
+    working_tables,
 )
 from pyproxy.model.types import IPAddress, IPFamily, IPNetwork, NamespacedName, ProxyState
 
@@ -356,18 +358,11 @@ class IptablesBackend(Backend):
     def cleanup(self) -> None:
         """Remove every chain and jump rule pyproxy's iptables mode creates, in both back ends."""
         errors = []
-        for backend in ("nft", "legacy"):
-            for ipv6 in (False, True):
-                ipt = Iptables(backend, ipv6=ipv6)
-                try:
-                    if (
-                        not ipt.available()
-                        or ipt.run("-t", "nat", "-S", "POSTROUTING", check=False).returncode != 0
-                    ):
-                        continue
-                    cleanup_tables(ipt)
-                except (OSError, IptablesError) as err:
-                    errors.append(f"{backend}/{'IPv6' if ipv6 else 'IPv4'}: {err}")
+        for ipt in working_tables():
+            try:
+                cleanup_tables(ipt)
+            except (OSError, IptablesError) as err:
+                errors.append(f"{ipt.backend}/{ipt.family_name}: {err}")
         if errors:
             raise BackendError("; ".join(errors))
 
@@ -391,25 +386,7 @@ def cleanup_tables(ipt: Iptables, extra_jumps: Iterable[tuple[str, str, list[str
             for c in present
             if c in top or c == KUBE_PROXY_CANARY or (table == "nat" and names.is_service_chain(c))
         ]
-        shared = [c for c in ours if c in (KUBE_FIREWALL, KUBE_MARK_MASQ)]
-        mine = [c for c in ours if c not in shared]
-        if mine:
-            text = (
-                "\n".join(
-                    [
-                        f"*{table}",
-                        *(f":{c} - [0:0]" for c in mine),
-                        *(f"-X {c}" for c in mine),
-                        "COMMIT",
-                    ]
-                )
-                + "\n"
-            )
-            ipt.restore(text, counters=False)
-        for c in shared:  # kubelet may still reference these; remove them only if unused
-            ipt.run("-t", table, "-F", c, check=False)
-            if ipt.run("-t", table, "-X", c, check=False).returncode != 0:
-                log.info("left %s/%s in place: still referenced by another rule", table, c)
+        remove_chains(ipt, table, ours, shared=(KUBE_FIREWALL, KUBE_MARK_MASQ))
     if ipt.chain_exists("mangle", KUBE_PROXY_CANARY):
         ipt.run("-t", "mangle", "-X", KUBE_PROXY_CANARY, check=False)
 

@@ -1,0 +1,105 @@
+"""The difference between the desired IPVS state and the kernel's, as a list of operations
+(pure: tested without a kernel).
+
+Graceful termination follows upstream (pkg/proxy/ipvs/graceful_termination.go): a real
+server that is no longer wanted but still has connections is set to weight 0, so it gets no
+new ones while its open ones finish, and is deleted by a later sync once its connection
+counts reach zero. UDP real servers are deleted at once (``expire_nodest_conn`` drops their
+flows). A real server that comes back while draining gets its weight back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyproxy.backends.ipvs.render import SETS, Desired, DestKey, Entry, VSKey
+
+UDP = 17
+
+
+@dataclass(frozen=True)
+class CurrentDest:
+    weight: int
+    active: int = 0
+    inactive: int = 0
+
+
+@dataclass(frozen=True)
+class CurrentService:
+    scheduler: str
+    timeout: int
+    dests: dict[DestKey, CurrentDest]
+
+
+@dataclass
+class Plan:
+    add_services: list[tuple[VSKey, str, int]] = field(default_factory=list)
+    update_services: list[tuple[VSKey, str, int]] = field(default_factory=list)
+    delete_services: list[VSKey] = field(default_factory=list)
+    set_dests: list[tuple[VSKey, DestKey, int, bool]] = field(default_factory=list)
+    """(service, dest, weight, new)"""
+    delete_dests: list[tuple[VSKey, DestKey]] = field(default_factory=list)
+    draining: list[tuple[VSKey, DestKey]] = field(default_factory=list)
+    """Real servers at weight 0, waiting for their connections to end."""
+    add_addresses: set[str] = field(default_factory=set)
+    delete_addresses: set[str] = field(default_factory=set)
+    ipset_add: dict[str, set[Entry]] = field(default_factory=dict)
+    ipset_delete: dict[str, set[Entry]] = field(default_factory=dict)
+
+    def empty(self) -> bool:
+        return not (
+            self.add_services
+            or self.update_services
+            or self.delete_services
+            or self.set_dests
+            or self.delete_dests
+            or self.add_addresses
+            or self.delete_addresses
+            or any(self.ipset_add.values())
+            or any(self.ipset_delete.values())
+        )
+
+
+def plan(
+    desired: Desired,
+    current: dict[VSKey, CurrentService],
+    addresses: set[str],
+    ours: set[str],
+    sets: dict[str, set[Entry]],
+) -> Plan:
+    """``ours``: addresses whose virtual servers pyproxy owns (kube-ipvs0's and node IPs)."""
+    p = Plan()
+    for key, vs in desired.services.items():
+        cur = current.get(key)
+        if cur is None:
+            p.add_services.append((key, vs.scheduler, vs.timeout))
+            p.set_dests += [(key, d, w, True) for d, w in sorted(vs.dests.items())]
+            continue
+        if (cur.scheduler, cur.timeout) != (vs.scheduler, vs.timeout):
+            p.update_services.append((key, vs.scheduler, vs.timeout))
+        for dest, weight in sorted(vs.dests.items()):
+            have = cur.dests.get(dest)
+            if have is None:
+                p.set_dests.append((key, dest, weight, True))
+            elif have.weight != weight:
+                p.set_dests.append((key, dest, weight, False))
+        for dest, have in sorted(cur.dests.items()):
+            if dest in vs.dests:
+                continue
+            if key[0] == UDP or have.active + have.inactive == 0:
+                p.delete_dests.append((key, dest))
+            else:
+                if have.weight != 0:
+                    p.set_dests.append((key, dest, 0, False))
+                p.draining.append((key, dest))
+    for key in sorted(current):
+        if key not in desired.services and key[1] in ours:
+            p.delete_services.append(key)
+    p.add_addresses = desired.addresses - addresses
+    p.delete_addresses = addresses - desired.addresses
+    for name in SETS:
+        want = desired.ipsets.get(name, set())
+        present = sets.get(name, set())
+        p.ipset_add[name] = want - present
+        p.ipset_delete[name] = present - want
+    return p

@@ -1,0 +1,275 @@
+"""IPVS virtual servers, ipsets and the dummy interface, through pyroute2's netlink.
+
+Plain values in, plain values out: a virtual server is keyed by (protocol number, address,
+port); nothing here knows a Service. IPv4 only: pyroute2 (0.9) encodes an IPv6 service's
+netmask as an address and the kernel rejects it, so the IPVS backend proxies IPv4 only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import socket
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyroute2 import IPVS, IPRoute, IPSet, IPVSDest, IPVSService
+from pyroute2.ipset import PortEntry
+from pyroute2.netlink.exceptions import NetlinkError
+
+log = logging.getLogger(__name__)
+
+MASQ = 0  # IP_VS_CONN_F_MASQ; pyroute2's default (3) would be direct routing
+F_PERSISTENT = 0x1
+VSKey = tuple[int, str, int]  # (protocol number, address, port)
+DestKey = tuple[str, int]
+
+
+class IpvsError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Service:
+    scheduler: str
+    timeout: int = 0  # persistence seconds; 0 = none
+
+    @property
+    def flags(self) -> int:
+        return F_PERSISTENT if self.timeout else 0
+
+
+@dataclass(frozen=True)
+class Dest:
+    weight: int
+    active: int = 0
+    inactive: int = 0
+
+
+def _svc(key: VSKey, spec: Service | None = None) -> IPVSService:
+    proto, addr, port = key
+    kw: dict[str, object] = {"addr": addr, "port": port, "protocol": proto}
+    if spec is not None:
+        kw.update(
+            sched_name=spec.scheduler,
+            timeout=spec.timeout,
+            flags={"flags": spec.flags, "mask": 0xFFFF},
+        )
+    return IPVSService(**kw)
+
+
+class Ipvs:
+    def __init__(self) -> None:
+        try:
+            self.sock = IPVS()
+        except (NetlinkError, OSError) as err:
+            raise IpvsError(f"IPVS is not available in this kernel: {err}") from None
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def services(self) -> dict[VSKey, Service]:
+        out: dict[VSKey, Service] = {}
+        for msg in self.sock.service("dump"):
+            s = IPVSService.from_message(msg)
+            if s.get("af", socket.AF_INET) != socket.AF_INET or s.get("fwmark"):
+                continue
+            key = (int(s["protocol"]), str(s["addr"]), int(s["port"]))
+            out[key] = Service(str(s.get("sched_name", "")), int(s.get("timeout", 0) or 0))
+        return out
+
+    def dests(self, key: VSKey) -> dict[DestKey, Dest]:
+        out: dict[DestKey, Dest] = {}
+        for msg in self.sock.dest("dump", service=_svc(key)):
+            d = IPVSDest.from_message(msg)
+            out[(str(d["addr"]), int(d["port"]))] = Dest(
+                int(d.get("weight", 0)),
+                int(d.get("IPVS_DEST_ATTR_ACTIVE_CONNS", 0)),
+                int(d.get("IPVS_DEST_ATTR_INACT_CONNS", 0)),
+            )
+        return out
+
+    def _do(self, what: str, fn: object, *args: object, **kw: object) -> None:
+        try:
+            fn(*args, **kw)  # type: ignore[operator]
+        except NetlinkError as err:
+            if err.code == errno.ENOENT and "sched" in what:
+                raise IpvsError(f"{what}: scheduler not available in this kernel") from None
+            raise IpvsError(f"{what}: {err}") from None
+
+    def add_service(self, key: VSKey, spec: Service) -> None:
+        self._do(
+            f"add virtual server {key} sched {spec.scheduler}",
+            self.sock.service,
+            "add",
+            service=_svc(key, spec),
+        )
+
+    def update_service(self, key: VSKey, spec: Service) -> None:
+        self._do(f"update virtual server {key}", self.sock.service, "set", service=_svc(key, spec))
+
+    def delete_service(self, key: VSKey) -> None:
+        self._do(f"delete virtual server {key}", self.sock.service, "del", service=_svc(key))
+
+    def set_dest(self, key: VSKey, dest: DestKey, weight: int, new: bool) -> None:
+        d = IPVSDest(addr=dest[0], port=dest[1], weight=weight, fwd_method=MASQ)
+        self._do(
+            f"{'add' if new else 'update'} real server {dest} of {key}",
+            self.sock.dest,
+            "add" if new else "set",
+            service=_svc(key),
+            dest=d,
+        )
+
+    def delete_dest(self, key: VSKey, dest: DestKey) -> None:
+        d = IPVSDest(addr=dest[0], port=dest[1], fwd_method=MASQ)
+        self._do(
+            f"delete real server {dest} of {key}", self.sock.dest, "del", service=_svc(key), dest=d
+        )
+
+
+def scheduler_available(name: str) -> bool:
+    """Load ip_vs_<name> the way the kernel would (its modprobe helper) and check it."""
+    module = f"ip_vs_{name}"
+    if Path(f"/sys/module/{module}").exists():
+        return True
+    helper = Path("/proc/sys/kernel/modprobe").read_text().strip() or "modprobe"
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run([helper, module], capture_output=True, timeout=20)
+    return Path(f"/sys/module/{module}").exists()
+
+
+# ---- ipsets -------------------------------------------------------------------------------
+
+Entry = tuple[str | int, ...]
+_PROTO = {"tcp": 6, "udp": 17, "sctp": 132}
+
+
+def _to_pyroute2(stype: str, entry: Entry) -> tuple[object, str]:
+    """Our entry tuples -> pyroute2's (entry, etype). Ports are 'proto:port' strings."""
+    parts = stype.split(":", 1)[1].split(",")
+    out: list[object] = []
+    for kind, value in zip(parts, entry, strict=True):
+        if kind == "port":
+            if isinstance(value, int):
+                out.append(PortEntry(value))
+            else:
+                proto, _, number = str(value).partition(":")
+                out.append(PortEntry(int(number), protocol=_PROTO[proto]))
+        else:
+            out.append(str(value))
+    return (out[0] if len(out) == 1 else tuple(out)), ",".join(parts)
+
+
+class IpSets:
+    def __init__(self) -> None:
+        self.sock = IPSet()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def names(self) -> set[str]:
+        return {str(m.get_attr("IPSET_ATTR_SETNAME")) for m in self.sock.list()}
+
+    def ensure(self, name: str, stype: str) -> None:
+        if name in self.names():
+            return
+        kw: dict[str, object] = {}
+        if stype == "bitmap:port":
+            kw["bitmap_ports_range"] = (0, 65535)
+        self.sock.create(name, stype=stype, **kw)
+
+    def members(self, name: str, stype: str) -> set[Entry]:
+        parts = stype.split(":", 1)[1].split(",")
+        out: set[Entry] = set()
+        rev = {v: k for k, v in _PROTO.items()}
+        for msg in self.sock.list(name):
+            adt = msg.get_attr("IPSET_ATTR_ADT")
+            if adt is None:
+                continue
+            for data in adt.get_attrs("IPSET_ATTR_DATA"):
+                values: list[str | int] = []
+                ips = [data.get_attr("IPSET_ATTR_IP_FROM"), data.get_attr("IPSET_ATTR_IP2")]
+                for kind in parts:
+                    if kind in ("ip", "net"):
+                        ip = ips.pop(0)
+                        addr = ip.get_attr("IPSET_ATTR_IPADDR_IPV4") if ip else ""
+                        if kind == "net":
+                            cidr = data.get_attr(
+                                "IPSET_ATTR_CIDR2" if not ips else "IPSET_ATTR_CIDR"
+                            )
+                            addr = f"{addr}/{cidr if cidr is not None else 32}"
+                        values.append(str(addr))
+                    elif kind == "port":
+                        port = int(data.get_attr("IPSET_ATTR_PORT_FROM"))
+                        proto = data.get_attr("IPSET_ATTR_PROTO")
+                        values.append(f"{rev.get(proto, proto)}:{port}" if proto else port)
+                out.add(tuple(values))
+        return out
+
+    def add(self, name: str, stype: str, entry: Entry) -> None:
+        e, etype = _to_pyroute2(stype, entry)
+        self.sock.add(name, e, etype=etype, exclusive=False)
+
+    def delete(self, name: str, stype: str, entry: Entry) -> None:
+        e, etype = _to_pyroute2(stype, entry)
+        with contextlib.suppress(NetlinkError):
+            self.sock.delete(name, e, etype=etype)
+
+    def destroy(self, name: str) -> bool:
+        try:
+            self.sock.destroy(name)
+            return True
+        except NetlinkError as err:
+            log.info("ipset %s not destroyed: %s", name, err)
+            return False
+
+
+# ---- the dummy interface --------------------------------------------------------------------
+
+
+def dummy_addresses(ifname: str) -> set[str] | None:
+    """IPv4 addresses on ``ifname``, or None when the link does not exist."""
+    with IPRoute() as ipr:
+        idx = ipr.link_lookup(ifname=ifname)
+        if not idx:
+            return None
+        return {str(m.get_attr("IFA_ADDRESS")) for m in ipr.get_addr(index=idx[0], family=2)}
+
+
+def ensure_dummy(ifname: str) -> int:
+    with IPRoute() as ipr:
+        idx = ipr.link_lookup(ifname=ifname)
+        if not idx:
+            try:
+                ipr.link("add", ifname=ifname, kind="dummy")
+            except NetlinkError as err:
+                raise IpvsError(f"cannot create dummy interface {ifname}: {err}") from None
+            idx = ipr.link_lookup(ifname=ifname)
+        return int(idx[0])
+
+
+def set_addresses(ifname: str, add: Iterable[str], remove: Iterable[str]) -> None:
+    with IPRoute() as ipr:
+        (idx,) = ipr.link_lookup(ifname=ifname)
+        for addr in remove:
+            with contextlib.suppress(NetlinkError):
+                ipr.addr("del", index=idx, address=addr, prefixlen=32)
+        for addr in add:
+            try:
+                ipr.addr("add", index=idx, address=addr, prefixlen=32)
+            except NetlinkError as err:
+                if err.code != errno.EEXIST:
+                    raise IpvsError(f"cannot add {addr} to {ifname}: {err}") from None
+
+
+def delete_link(ifname: str) -> bool:
+    with IPRoute() as ipr:
+        idx = ipr.link_lookup(ifname=ifname)
+        if not idx:
+            return False
+        ipr.link("del", index=idx[0])
+        return True

@@ -1,0 +1,250 @@
+"""IPVS mode on the kernel's real IPVS. Runs only inside the user-mode Linux guest
+(tests/uml/test_ipvs_in_uml.py boots it); on the host these are skipped with that reason."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.netns.test_iptables_traffic import DNS, DNS_EP, HTTP, HTTP_EP, pods, svc
+from tests.netns.world import (
+    NODE_CLIENT_IP,
+    PYPROXY,
+    PYTHON,
+    Pyproxy,
+    World,
+    manifest_objects,
+    names_in,
+    total,
+    wait_for,
+)
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("PYPROXY_IN_UML") != "1", reason="runs inside the user-mode Linux guest only"
+)
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[World]:
+    w = World("g").build(pod_count=3, client_count=1)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+@pytest.fixture(scope="module")
+def proxy(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pyproxy]:
+    d = tmp_path_factory.mktemp("m")
+    p = Pyproxy(
+        world,
+        d,
+        d.parent / "pyproxy-ipvs.log",
+        "--sync-period",
+        "2s",
+        "--iptables-backend",
+        "legacy",
+        mode="ipvs",
+    ).start()
+    try:
+        yield p
+    finally:
+        p.stop()
+        print(p.log.read_text()[-3000:])
+
+
+def ipvsadm(world: World) -> str:
+    return world.exec(world.node, "ipvsadm", "-Ln").stdout
+
+
+def dest_weights(world: World, vip: str) -> dict[str, int]:
+    """{real server: weight} of the virtual server at ``vip`` (from ipvsadm -Ln)."""
+    out: dict[str, int] = {}
+    current = ""
+    for line in ipvsadm(world).splitlines():
+        fields = line.split()
+        if fields and fields[0] in ("TCP", "UDP", "SCTP"):
+            current = fields[1]
+        elif fields and fields[0] == "->" and current == vip and fields[1][0].isdigit():
+            out[fields[1]] = int(fields[3])
+    return out
+
+
+def reachable(world: World, ip: str, port: int = 80, proto: str = "tcp") -> Any:
+    return wait_for(
+        lambda: world.probe(proto, ip, port, timeout=1)["replies"], timeout=30, what=f"{ip}:{port}"
+    )
+
+
+def test_cluster_ip_and_node_port_round_robin(world: World, proxy: Pyproxy) -> None:
+    proxy.write(
+        "rr",
+        *manifest_objects(
+            world,
+            svc(
+                "rr",
+                "10.96.7.1",
+                [{**HTTP, "nodePort": 30180}, {**DNS, "nodePort": 30153}],
+                type="NodePort",
+            ),
+            pods(world, 1, 2, 3),
+            HTTP_EP + DNS_EP,
+        ),
+    )
+    reachable(world, "10.96.7.1")
+    r = world.probe("tcp", "10.96.7.1", 80, count=60)
+    assert r["replies"] == {"pod-1": 20, "pod-2": 20, "pod-3": 20}  # rr: exactly even
+    np = world.probe("tcp", NODE_CLIENT_IP, 30180, count=30)
+    assert names_in(np) == {"pod-1", "pod-2", "pod-3"} and total(np) == 30
+    udp = world.probe("udp", "10.96.7.1", 53, count=30)
+    assert names_in(udp) == {"pod-1", "pod-2", "pod-3"} and total(udp) == 30
+    listing = ipvsadm(world)
+    assert "TCP  10.96.7.1:80 rr" in listing and "10.244.1.2:8080" in listing
+    assert "10.96.7.1/32" in world.exec(world.node, "ip", "addr", "show", "kube-ipvs0").stdout
+    assert "10.96.7.1,tcp:80" in world.exec(world.node, "ipset", "list", "KUBE-CLUSTER-IP").stdout
+
+
+def test_persistence_pins_a_client(world: World, proxy: Pyproxy) -> None:
+    proxy.write(
+        "sticky",
+        *manifest_objects(
+            world,
+            svc(
+                "sticky",
+                "10.96.7.2",
+                [HTTP],
+                sessionAffinity="ClientIP",
+                sessionAffinityConfig={"clientIP": {"timeoutSeconds": 300}},
+            ),
+            pods(world, 1, 2, 3),
+            HTTP_EP,
+        ),
+    )
+    reachable(world, "10.96.7.2")
+    r = world.probe("tcp", "10.96.7.2", 80, count=30)
+    assert len(r["replies"]) == 1 and total(r) == 30
+    assert "TCP  10.96.7.2:80 rr persistent 300" in ipvsadm(world)
+
+
+def test_no_endpoints_refused(world: World, proxy: Pyproxy) -> None:
+    proxy.write("empty", svc("empty", "10.96.7.3", [HTTP]))
+    wait_for(lambda: "10.96.7.3:80" in ipvsadm(world), what="the virtual server")
+    r = world.probe("tcp", "10.96.7.3", 80, count=3, timeout=3)
+    assert r["errors"] == {"refused": 3}
+
+
+HOLD = r"""
+import socket, struct, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+f = s.makefile("rw")
+print(f.readline().strip(), flush=True)
+for line in sys.stdin:
+    f.write(line); f.flush()
+    print(f.readline().strip(), flush=True)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+s.close()
+"""
+
+
+def test_removed_endpoint_drains_then_disappears(world: World, proxy: Pyproxy) -> None:
+    proxy.write(
+        "drain",
+        *manifest_objects(world, svc("drain", "10.96.7.4", [HTTP]), pods(world, 1, 2), HTTP_EP),
+    )
+    reachable(world, "10.96.7.4")
+    held = world.spawn(
+        world.client(0), PYTHON, "-c", HOLD, "10.96.7.4", "80", stdin=subprocess.PIPE
+    )
+    assert held.stdout is not None and held.stdin is not None
+    pod = held.stdout.readline().split()[0]
+    keep = "pod-2" if pod == "pod-1" else "pod-1"
+    ip = {"pod-1": "10.244.1.2", "pod-2": "10.244.2.2"}[pod]
+    proxy.write(
+        "drain",
+        *manifest_objects(
+            world,
+            svc("drain", "10.96.7.4", [HTTP]),
+            [p for p in world.pods if p.name == keep],
+            HTTP_EP,
+        ),
+    )
+    # weight 0: no new connections, but the open one keeps working
+    wait_for(
+        lambda: dest_weights(world, "10.96.7.4:80").get(f"{ip}:8080") == 0,
+        what="weight 0 for the removed endpoint",
+    )
+    assert names_in(world.probe("tcp", "10.96.7.4", 80, count=10)) == {keep}
+    held.stdin.write("still-there\n")
+    held.stdin.flush()
+    assert held.stdout.readline().split() == [pod, "still-there"]
+    held.stdin.close()  # the client closes (with a reset): the real server can go
+    held.wait(timeout=10)
+    wait_for(
+        lambda: f"{ip}:8080" not in dest_weights(world, "10.96.7.4:80"),
+        timeout=60,
+        what="the drained real server to be deleted",
+    )
+    assert dest_weights(world, "10.96.7.4:80") == {
+        {"pod-1": "10.244.1.2", "pod-2": "10.244.2.2"}[keep] + ":8080": 1
+    }
+
+
+def test_restart_keeps_connections(world: World, proxy: Pyproxy) -> None:
+    proxy.write(
+        "held", *manifest_objects(world, svc("held", "10.96.7.5", [HTTP]), pods(world, 3), HTTP_EP)
+    )
+    reachable(world, "10.96.7.5")
+    held = world.spawn(
+        world.client(0), PYTHON, "-c", HOLD, "10.96.7.5", "80", stdin=subprocess.PIPE
+    )
+    assert held.stdout is not None and held.stdin is not None
+    assert held.stdout.readline().split()[0] == "pod-3"
+    proxy.stop()
+    assert total(world.probe("tcp", "10.96.7.5", 80, count=5)) == 5
+    before = proxy.syncs()
+    proxy.start()
+    wait_for(lambda: proxy.syncs() > before, what="the restarted pyproxy to sync")
+    held.stdin.write("again\n")
+    held.stdin.flush()
+    assert held.stdout.readline().split() == ["pod-3", "again"]
+    held.stdin.close()
+    held.wait(timeout=10)
+
+
+def test_unknown_scheduler_is_a_clear_error(world: World) -> None:
+    res = world.exec(
+        world.node,
+        PYPROXY,
+        "--mode=ipvs",
+        "--ipvs-scheduler=nosuch",
+        "--manifests=/tmp",
+        check=False,
+    )
+    assert res.returncode != 0
+    assert "--ipvs-scheduler: 'nosuch' is not one of" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_cleanup_removes_everything_pyproxy_made(
+    world: World, proxy: Pyproxy, tmp_path: Path
+) -> None:
+    # something that is not pyproxy's: a virtual server on another address, an ipset
+    world.exec(world.node, "ipvsadm", "-A", "-t", "192.0.2.1:80", "-s", "rr")
+    world.exec(world.node, "ipset", "create", "USER-SET", "hash:ip")
+    proxy.stop()
+    res = world.exec(world.node, PYPROXY, "cleanup", "--mode=ipvs")
+    assert res.returncode == 0, res.stderr
+    listing = ipvsadm(world)
+    assert "10.96.7." not in listing and "192.0.2.1:80" in listing
+    sets = world.exec(world.node, "ipset", "list", "-n").stdout.split()
+    assert sets == ["USER-SET"]
+    links = world.exec(world.node, "ip", "-br", "link").stdout
+    assert "kube-ipvs0" not in links
+    assert "KUBE-" not in world.exec(world.node, "iptables-legacy-save").stdout
+    _ = socket
