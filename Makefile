@@ -36,6 +36,7 @@ lint: $(BIN)/pyproxy
 
 bench: $(BIN)/pyproxy
 	$(BIN)/python -m tests.bench.partial_sync --services 10000 --endpoints 2 --backend nft
+	$(BIN)/python -m tests.bench.userspace
 
 demo: $(BIN)/pyproxy
 	$(BIN)/python -m tests.demo

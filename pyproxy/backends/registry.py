@@ -7,7 +7,7 @@ from typing import Any
 from pyproxy.backends.base import Backend, BackendUnavailable
 
 MODES = ("iptables", "ipvs", "userspace", "nftables")
-BUILT = ("iptables", "ipvs")
+BUILT = ("iptables", "ipvs", "userspace")
 
 
 def create(mode: str, options: dict[str, Any]) -> Backend:
@@ -22,6 +22,10 @@ def create(mode: str, options: dict[str, Any]) -> Backend:
 
         known = IpvsOptions.__dataclass_fields__
         return IpvsBackend(IpvsOptions(**{k: v for k, v in options.items() if k in known}))
+    if mode == "userspace":
+        from pyproxy.backends.userspace.backend import UserspaceBackend
+
+        return UserspaceBackend(iptables_backend=str(options.get("iptables_backend", "auto")))
     if mode in MODES:
         raise BackendUnavailable(
             f"--mode={mode} is not implemented yet (available: {', '.join(BUILT)})"

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -247,4 +246,3 @@ def test_cleanup_removes_everything_pyproxy_made(
     links = world.exec(world.node, "ip", "-br", "link").stdout
     assert "kube-ipvs0" not in links
     assert "KUBE-" not in world.exec(world.node, "iptables-legacy-save").stdout
-    _ = socket

@@ -39,7 +39,8 @@ def proxy(
 ) -> Iterator[Pyproxy]:
     d = tmp_path_factory.mktemp("manifests")
     extra = getattr(request.module, "PYPROXY_FLAGS", ())
-    p = Pyproxy(world, d, d.parent / f"{d.name}-pyproxy.log", *extra).start()
+    mode = getattr(request.module, "PYPROXY_MODE", "iptables")
+    p = Pyproxy(world, d, d.parent / f"{d.name}-pyproxy.log", *extra, mode=mode).start()
     try:
         yield p
     finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import socket
 
 
@@ -25,6 +26,27 @@ async def main() -> None:
             writer.write(f"{name} {peer}\n".encode())
             await writer.drain()
             while line := await reader.readline():
+                cmd, _, arg = line.decode().strip().partition(" ")
+                if cmd == "GEN":  # stream N deterministic bytes, then close
+                    left = int(arg)
+                    block = bytes(range(256)) * 256
+                    while left > 0:
+                        writer.write(block[: min(left, len(block))])
+                        left -= len(block)
+                        await writer.drain()
+                    break
+                if cmd == "SHA":  # read N bytes, answer their sha256
+                    digest = hashlib.sha256()
+                    left = int(arg)
+                    while left > 0:
+                        chunk = await reader.read(min(left, 65536))
+                        if not chunk:
+                            break
+                        digest.update(chunk)
+                        left -= len(chunk)
+                    writer.write(f"{name} {digest.hexdigest()}\n".encode())
+                    await writer.drain()
+                    continue
                 writer.write(f"{name} {line.decode().strip()}\n".encode())
                 await writer.drain()
         except (ConnectionError, OSError):

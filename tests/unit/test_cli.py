@@ -75,7 +75,8 @@ def test_unbuilt_mode_is_a_clear_error() -> None:
     res = run("render", "--mode=nftables", "--manifests", str(ROOT / "examples"))
     assert res.returncode == 1
     assert res.stderr.strip() == (
-        "pyproxy: error: --mode=nftables is not implemented yet (available: iptables, ipvs)"
+        "pyproxy: error: --mode=nftables is not implemented yet "
+        "(available: iptables, ipvs, userspace)"
     )
 
 

@@ -1,0 +1,2 @@
+"""userspace mode: an asyncio relay per service port (``relay``) behind REDIRECT rules
+(``backend``)."""
