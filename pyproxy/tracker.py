@@ -15,7 +15,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyproxy.model import convert
@@ -66,17 +66,7 @@ def _merge_endpoints(slices: Sequence[convert.SliceInfo]) -> EndpointsOfService:
             spn = ServicePortName(sl.service, pname, proto)
             bucket = merged.setdefault(spn, {})
             for ep in sl.endpoints:
-                real = Endpoint(
-                    ip=ep.ip,
-                    port=number,
-                    ready=ep.ready,
-                    serving=ep.serving,
-                    terminating=ep.terminating,
-                    node_name=ep.node_name,
-                    zone=ep.zone,
-                    zone_hints=ep.zone_hints,
-                    node_hints=ep.node_hints,
-                )
+                real = replace(ep, port=number)
                 key = str(real)
                 old = bucket.get(key)
                 if old is None or (real.ready and not old.ready):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -116,22 +116,14 @@ class ServicePort:
         def keep(items: tuple[IPAddress, ...]) -> tuple[IPAddress, ...]:
             return tuple(i for i in items if IPFamily.of(i) is family)
 
-        return ServicePort(
-            name=self.name,
+        return replace(
+            self,
             cluster_ips=keep(self.cluster_ips),
-            port=self.port,
-            node_port=self.node_port,
             external_ips=keep(self.external_ips),
             load_balancer_ips=keep(self.load_balancer_ips),
             load_balancer_source_ranges=tuple(
                 n for n in self.load_balancer_source_ranges if IPFamily.of(n) is family
             ),
-            session_affinity_client_ip=self.session_affinity_client_ip,
-            sticky_max_age_seconds=self.sticky_max_age_seconds,
-            external_policy_local=self.external_policy_local,
-            internal_policy_local=self.internal_policy_local,
-            health_check_node_port=self.health_check_node_port,
-            traffic_distribution=self.traffic_distribution,
         )
 
 

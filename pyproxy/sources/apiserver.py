@@ -91,6 +91,31 @@ def load_client(kubeconfig: str | None, master: str | None) -> Any:
     return client.ApiClient(configuration=cfg)
 
 
+def call(
+    api: Any,
+    method: str,
+    path: str,
+    timeout: tuple[float, float],
+    query: list[tuple[str, str]] | None = None,
+    body: Any = None,
+) -> Any:
+    """One raw request with the client's auth; returns the unread urllib3 response."""
+    headers = {"Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    method, url, headers, data, post = api.param_serialize(
+        method,
+        path,
+        query_params=query or [],
+        header_params=headers,
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    return api.call_api(
+        method, url, header_params=headers, body=data, post_params=post, _request_timeout=timeout
+    ).response
+
+
 def resources(node_name: str) -> tuple[Resource, ...]:
     return (
         Resource("Service", "/api/v1/services", NOT_OURS),
@@ -115,21 +140,7 @@ class ApiServerSource:
             query.append(("labelSelector", res.label_selector))
         if res.field_selector:
             query.append(("fieldSelector", res.field_selector))
-        method, url, headers, body, post = self.api.param_serialize(
-            "GET",
-            res.path,
-            query_params=query,
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
-        resp = self.api.call_api(
-            method,
-            url,
-            header_params=headers,
-            body=body,
-            post_params=post,
-            _request_timeout=timeout,
-        ).response
+        resp = call(self.api, "GET", res.path, timeout, query=query)
         if not 200 <= resp.status < 300:
             data = resp.data[:300].decode(errors="replace")
             resp.release_conn()
@@ -290,21 +301,7 @@ class EventRecorder:
             "count": 1,
         }
         try:
-            method, url, headers, data, post = self.api.param_serialize(
-                "POST",
-                "/api/v1/namespaces/default/events",
-                body=body,
-                header_params={"Content-Type": "application/json", "Accept": "application/json"},
-                auth_settings=["BearerToken"],
-            )
-            resp = self.api.call_api(
-                method,
-                url,
-                header_params=headers,
-                body=data,
-                post_params=post,
-                _request_timeout=(5, 10),
-            ).response
+            resp = call(self.api, "POST", "/api/v1/namespaces/default/events", (5, 10), body=body)
             if not 200 <= resp.status < 300:
                 log.warning("cannot record event %s: HTTP %d", reason, resp.status)
         except Exception as err:

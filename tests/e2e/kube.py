@@ -4,14 +4,15 @@ API, as a kubelet would, while a network namespace plays the pod's network."""
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from tests.cluster.cluster import Cluster
+from tests.netns.world import wait_for
 
 PATHS = {
     ("v1", "Namespace"): "/api/v1/namespaces",
@@ -214,12 +215,5 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def eventually(pred: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+# The e2e tests wait on a real control plane: a longer default bound than the netns tests.
+eventually = functools.partial(wait_for, timeout=30, interval=0.2)

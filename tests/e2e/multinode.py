@@ -47,75 +47,26 @@ class MultiNode(World):
                 ns = self.ns(node)
                 self._add_ns(ns)
                 self.node_ns[node] = ns
-                sh(
-                    "ip",
-                    "-n",
-                    br,
-                    "link",
-                    "add",
-                    f"n{i}",
-                    "type",
-                    "veth",
-                    "peer",
-                    "name",
-                    "eth0",
-                    "netns",
-                    ns,
-                )
-                sh("ip", "-n", br, "link", "set", f"n{i}", "master", "br0", "up")
-                sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
-                sh("ip", "-n", ns, "link", "set", "eth0", "up")
-                sh("ip", "-n", ns, "route", "add", "default", "via", "172.30.0.254")
+                self.veth(br, f"n{i}", ns, [f"{ip}/24"], master="br0", gateways=["172.30.0.254"])
                 for key in ("net.ipv4.ip_forward=1", "net.ipv4.icmp_ratelimit=0"):
                     self.exec(ns, "sysctl", "-qw", key)
             for i, (client, (ip, via)) in enumerate(CLIENTS.items()):
                 ns = self.ns(client)
                 self._add_ns(ns)
                 self.client_ns[client] = ns
-                sh(
-                    "ip",
-                    "-n",
-                    br,
-                    "link",
-                    "add",
-                    f"c{i}",
-                    "type",
-                    "veth",
-                    "peer",
-                    "name",
-                    "eth0",
-                    "netns",
-                    ns,
-                )
-                sh("ip", "-n", br, "link", "set", f"c{i}", "master", "br0", "up")
-                sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
-                sh("ip", "-n", ns, "link", "set", "eth0", "up")
-                sh("ip", "-n", ns, "route", "add", "default", "via", NODES[via])
+                self.veth(br, f"c{i}", ns, [f"{ip}/24"], master="br0", gateways=[NODES[via]])
             for pod, (node, idx) in PODS.items():
                 ns = self.ns(pod)
                 self._add_ns(ns)
                 self.pod_ns[pod] = ns
-                node_ns = self.node_ns[node]
-                sh(
-                    "ip",
-                    "-n",
-                    node_ns,
-                    "link",
-                    "add",
+                self.veth(
+                    self.node_ns[node],
                     f"p{idx}",
-                    "type",
-                    "veth",
-                    "peer",
-                    "name",
-                    "eth0",
-                    "netns",
                     ns,
+                    [f"10.244.{idx}.2/24"],
+                    host_addrs=[f"10.244.{idx}.1/24"],
+                    gateways=[f"10.244.{idx}.1"],
                 )
-                sh("ip", "-n", node_ns, "addr", "add", f"10.244.{idx}.1/24", "dev", f"p{idx}")
-                sh("ip", "-n", node_ns, "link", "set", f"p{idx}", "up")
-                sh("ip", "-n", ns, "addr", "add", f"10.244.{idx}.2/24", "dev", "eth0")
-                sh("ip", "-n", ns, "link", "set", "eth0", "up")
-                sh("ip", "-n", ns, "route", "add", "default", "via", f"10.244.{idx}.1")
                 for other in NODES:
                     if other != node:
                         sh(

@@ -24,7 +24,7 @@ from tests.cluster.nsrelay import Relay
 from tests.e2e.conftest import in_ns_kubeconfig
 from tests.e2e.kube import Kube, eventually
 from tests.e2e.multinode import CLIENTS, NODES, PODS, MultiNode, pod_ip
-from tests.netns.world import HERE, PYTHON, Pyproxy
+from tests.netns.world import Pyproxy
 
 NS = "conf"
 TCP = {"name": "tcp", "port": 80, "targetPort": 8080, "protocol": "TCP"}
@@ -135,23 +135,7 @@ def proxies(
 def probe(
     mn: MultiNode, ns: str, proto: str, host: str, port: int, count: int, timeout: float
 ) -> dict[str, Any]:
-    import json
-
-    res = mn.exec(
-        ns,
-        PYTHON,
-        str(HERE / "probe.py"),
-        proto,
-        host,
-        str(port),
-        "--count",
-        str(count),
-        "--timeout",
-        str(timeout),
-        timeout=count * timeout + 30,
-    )
-    out: dict[str, Any] = json.loads(res.stdout)
-    return out
+    return mn.probe(proto, host, port, count=count, timeout=timeout, ns=ns)
 
 
 def node_addresses(node: str) -> set[str]:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from tests.netns.test_iptables_traffic import DNS, DNS_EP, HTTP, HTTP_EP, pods, 
 from tests.netns.world import (
     NODE_CLIENT_IP,
     PYPROXY,
-    PYTHON,
+    Held,
     Pyproxy,
     World,
     manifest_objects,
@@ -138,30 +137,14 @@ def test_no_endpoints_refused(world: World, proxy: Pyproxy) -> None:
     assert r["errors"] == {"refused": 3}
 
 
-HOLD = r"""
-import socket, struct, sys
-s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
-f = s.makefile("rw")
-print(f.readline().strip(), flush=True)
-for line in sys.stdin:
-    f.write(line); f.flush()
-    print(f.readline().strip(), flush=True)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-s.close()
-"""
-
-
 def test_removed_endpoint_drains_then_disappears(world: World, proxy: Pyproxy) -> None:
     proxy.write(
         "drain",
         *manifest_objects(world, svc("drain", "10.96.7.4", [HTTP]), pods(world, 1, 2), HTTP_EP),
     )
     reachable(world, "10.96.7.4")
-    held = world.spawn(
-        world.client(0), PYTHON, "-c", HOLD, "10.96.7.4", "80", stdin=subprocess.PIPE
-    )
-    assert held.stdout is not None and held.stdin is not None
-    pod = held.stdout.readline().split()[0]
+    held = Held(world, world.client(0), "10.96.7.4", 80)
+    pod = held.pod
     keep = "pod-2" if pod == "pod-1" else "pod-1"
     ip = {"pod-1": "10.244.1.2", "pod-2": "10.244.2.2"}[pod]
     proxy.write(
@@ -179,11 +162,8 @@ def test_removed_endpoint_drains_then_disappears(world: World, proxy: Pyproxy) -
         what="weight 0 for the removed endpoint",
     )
     assert names_in(world.probe("tcp", "10.96.7.4", 80, count=10)) == {keep}
-    held.stdin.write("still-there\n")
-    held.stdin.flush()
-    assert held.stdout.readline().split() == [pod, "still-there"]
-    held.stdin.close()  # the client closes (with a reset): the real server can go
-    held.wait(timeout=10)
+    assert held.say("still-there") == [pod, "still-there"]
+    held.close()  # the client closes (with a reset): the real server can go
     wait_for(
         lambda: f"{ip}:8080" not in dest_weights(world, "10.96.7.4:80"),
         timeout=60,
@@ -199,21 +179,15 @@ def test_restart_keeps_connections(world: World, proxy: Pyproxy) -> None:
         "held", *manifest_objects(world, svc("held", "10.96.7.5", [HTTP]), pods(world, 3), HTTP_EP)
     )
     reachable(world, "10.96.7.5")
-    held = world.spawn(
-        world.client(0), PYTHON, "-c", HOLD, "10.96.7.5", "80", stdin=subprocess.PIPE
-    )
-    assert held.stdout is not None and held.stdin is not None
-    assert held.stdout.readline().split()[0] == "pod-3"
+    held = Held(world, world.client(0), "10.96.7.5", 80)
+    assert held.pod == "pod-3"
     proxy.stop()
     assert total(world.probe("tcp", "10.96.7.5", 80, count=5)) == 5
     before = proxy.syncs()
     proxy.start()
     wait_for(lambda: proxy.syncs() > before, what="the restarted pyproxy to sync")
-    held.stdin.write("again\n")
-    held.stdin.flush()
-    assert held.stdout.readline().split() == ["pod-3", "again"]
-    held.stdin.close()
-    held.wait(timeout=10)
+    assert held.say("again") == ["pod-3", "again"]
+    held.close()
 
 
 def test_unknown_scheduler_is_a_clear_error(world: World) -> None:

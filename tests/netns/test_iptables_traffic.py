@@ -17,7 +17,7 @@ from tests.netns.world import (
     NODE_CLIENT_IP,
     NODE_CLIENT_IP6,
     PYPROXY,
-    PYTHON,
+    Held,
     Pod,
     Pyproxy,
     World,
@@ -357,28 +357,13 @@ def test_kernel_rules_after_partial_syncs_equal_a_full_render(world: World, prox
     assert len(got["nat"]) > 20  # the comparison covers the services written above
 
 
-HOLD = r"""
-import socket, sys
-s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
-f = s.makefile("rw")
-print(f.readline().strip(), flush=True)
-for line in sys.stdin:
-    f.write(line); f.flush()
-    print(f.readline().strip(), flush=True)
-"""
-
-
 def test_restart_keeps_open_connections(world: World, proxy: Pyproxy) -> None:
     proxy.write(
         "held",
         *manifest_objects(world, svc("held", "10.96.1.11", [HTTP]), pods(world, 1, 2), HTTP_EP),
     )
     reachable(world, "10.96.1.11")
-    held = world.spawn(
-        world.client(0), PYTHON, "-c", HOLD, "10.96.1.11", "80", stdin=subprocess.PIPE
-    )
-    assert held.stdout is not None and held.stdin is not None
-    first = held.stdout.readline().split()[0]
+    held = Held(world, world.client(0), "10.96.1.11", 80)
     proxy.stop()
     # While pyproxy is down the rules stay: new connections still work.
     assert total(world.probe("tcp", "10.96.1.11", 80, count=10)) == 10
@@ -387,7 +372,5 @@ def test_restart_keeps_open_connections(world: World, proxy: Pyproxy) -> None:
     wait_for(lambda: proxy.syncs() > before, what="the restarted pyproxy to sync")
     assert total(world.probe("tcp", "10.96.1.11", 80, count=10)) == 10
     # The connection opened before the restart still talks to the same pod.
-    held.stdin.write("still-there\n")
-    held.stdin.flush()
-    assert held.stdout.readline().split() == [first, "still-there"]
-    world.stop(held)
+    assert held.say("still-there") == [held.pod, "still-there"]
+    held.close()

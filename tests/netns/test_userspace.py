@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from tests.netns.world import (
     NODE_CLIENT_IP,
     PYPROXY,
     PYTHON,
+    Held,
     Pyproxy,
     World,
     manifest_objects,
@@ -168,35 +168,22 @@ s.shutdown(socket.SHUT_WR)   # half-close: the answer must still come back
 print(f.readline().decode().strip())
 """
 
-HOLD = r"""
-import socket, sys
-s = socket.create_connection((sys.argv[1], 80), timeout=5)
-f = s.makefile("rw")
-print(f.readline().strip(), flush=True)
-for line in sys.stdin:
-    f.write(line); f.flush()
-    print(f.readline().strip(), flush=True)
-"""
-
 
 def test_endpoint_removed_mid_connection_keeps_it(world: World, proxy: Pyproxy) -> None:
     proxy.write(
         "mid", *manifest_objects(world, svc("mid", "10.96.8.5", [HTTP]), pods(world, 1), HTTP_EP)
     )
     reachable(world, "10.96.8.5")
-    held = world.spawn(world.client(0), PYTHON, "-c", HOLD, "10.96.8.5", stdin=subprocess.PIPE)
-    assert held.stdout is not None and held.stdin is not None
-    assert held.stdout.readline().split()[0] == "pod-1"
+    held = Held(world, world.client(0), "10.96.8.5", 80)
+    assert held.pod == "pod-1"
     before = proxy.syncs()
     proxy.write(
         "mid", *manifest_objects(world, svc("mid", "10.96.8.5", [HTTP]), pods(world, 2), HTTP_EP)
     )
     wait_for(lambda: proxy.syncs() > before, what="a sync")
     assert world.probe("tcp", "10.96.8.5", 80, count=5)["replies"] == {"pod-2": 5}
-    held.stdin.write("still\n")
-    held.stdin.flush()
-    assert held.stdout.readline().split() == ["pod-1", "still"]
-    world.stop(held)
+    assert held.say("still") == ["pod-1", "still"]
+    held.close()
 
 
 def test_no_endpoints_refused(world: World, proxy: Pyproxy) -> None:

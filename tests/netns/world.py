@@ -121,14 +121,26 @@ class World:
             raise
         return self
 
-    def add_client(self, i: int) -> str:
-        name = f"pp{self.tag}-client{i}"
-        self._add_ns(name)
-        link = f"c{i}"
+    def veth(
+        self,
+        host_ns: str,
+        link: str,
+        peer_ns: str,
+        peer_addrs: Sequence[str] = (),
+        host_addrs: Sequence[str] = (),
+        master: str | None = None,
+        gateways: Sequence[str] = (),
+    ) -> None:
+        """A veth pair made inside ``host_ns`` (never in the machine's namespace), its peer
+        ``eth0`` in ``peer_ns``; addresses on both ends, default routes in the peer."""
+
+        def nodad(addr: str) -> list[str]:
+            return ["nodad"] if ":" in addr else []
+
         sh(
             "ip",
             "-n",
-            self.node,
+            host_ns,
             "link",
             "add",
             link,
@@ -138,14 +150,38 @@ class World:
             "name",
             "eth0",
             "netns",
-            name,
+            peer_ns,
         )
-        sh("ip", "-n", self.node, "link", "set", link, "master", "cbr", "up")
-        sh("ip", "-n", name, "addr", "add", f"{self.client_ip(i)}/24", "dev", "eth0")
-        sh("ip", "-n", name, "link", "set", "eth0", "up")
-        sh("ip", "-n", name, "route", "add", "default", "via", NODE_CLIENT_IP)
-        sh("ip", "-n", name, "addr", "add", f"fd00:31::{i + 2}/64", "dev", "eth0", "nodad")
-        sh("ip", "-n", name, "-6", "route", "add", "default", "via", NODE_CLIENT_IP6)
+        for addr in host_addrs:
+            sh("ip", "-n", host_ns, "addr", "add", addr, "dev", link, *nodad(addr))
+        sh("ip", "-n", host_ns, "link", "set", link, *(["master", master] if master else []), "up")
+        for addr in peer_addrs:
+            sh("ip", "-n", peer_ns, "addr", "add", addr, "dev", "eth0", *nodad(addr))
+        sh("ip", "-n", peer_ns, "link", "set", "eth0", "up")
+        for gw in gateways:
+            sh(
+                "ip",
+                "-n",
+                peer_ns,
+                *(["-6"] if ":" in gw else []),
+                "route",
+                "add",
+                "default",
+                "via",
+                gw,
+            )
+
+    def add_client(self, i: int) -> str:
+        name = f"pp{self.tag}-client{i}"
+        self._add_ns(name)
+        self.veth(
+            self.node,
+            f"c{i}",
+            name,
+            [f"{self.client_ip(i)}/24", f"fd00:31::{i + 2}/64"],
+            master="cbr",
+            gateways=[NODE_CLIENT_IP, NODE_CLIENT_IP6],
+        )
         self.clients.append(name)
         return name
 
@@ -153,30 +189,14 @@ class World:
         pod = Pod(name, index)
         ns = self.ns_of(pod)
         self._add_ns(ns)
-        link = f"p{index}"
-        sh(
-            "ip",
-            "-n",
+        self.veth(
             self.node,
-            "link",
-            "add",
-            link,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
+            f"p{index}",
             ns,
+            [f"{pod.ip}/24", f"{pod.ip6}/64"],
+            host_addrs=[f"10.244.{index}.1/24", f"fd00:244:{index}::1/64"],
+            gateways=[f"10.244.{index}.1", f"fd00:244:{index}::1"],
         )
-        sh("ip", "-n", self.node, "addr", "add", f"10.244.{index}.1/24", "dev", link)
-        sh("ip", "-n", self.node, "link", "set", link, "up")
-        sh("ip", "-n", ns, "addr", "add", f"{pod.ip}/24", "dev", "eth0")
-        sh("ip", "-n", ns, "link", "set", "eth0", "up")
-        sh("ip", "-n", ns, "route", "add", "default", "via", f"10.244.{index}.1")
-        sh("ip", "-n", self.node, "addr", "add", f"fd00:244:{index}::1/64", "dev", link, "nodad")
-        sh("ip", "-n", ns, "addr", "add", f"{pod.ip6}/64", "dev", "eth0", "nodad")
-        sh("ip", "-n", ns, "-6", "route", "add", "default", "via", f"fd00:244:{index}::1")
         self.pods.append(pod)
         if echo:
             self.start_echo(pod)
@@ -333,6 +353,41 @@ class Pyproxy:
 
     def remove(self, name: str) -> None:
         (self.manifests / f"{name}.yaml").unlink(missing_ok=True)
+
+
+HOLD = r"""
+import socket, struct, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+f = s.makefile("rw")
+print(f.readline().strip(), flush=True)
+for line in sys.stdin:
+    f.write(line); f.flush()
+    print(f.readline().strip(), flush=True)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+s.close()  # with a reset, so the server side (and IPVS) forget it at once
+"""
+
+
+class Held:
+    """An open TCP connection from a namespace: ``pod`` answered its greeting, ``say`` sends
+    a line on the same connection and returns the reply's words."""
+
+    def __init__(self, world: World, ns: str, host: str, port: int) -> None:
+        self.world = world
+        self.proc = world.spawn(ns, PYTHON, "-c", HOLD, host, str(port), stdin=subprocess.PIPE)
+        assert self.proc.stdout is not None
+        self.pod = self.proc.stdout.readline().split()[0]
+
+    def say(self, text: str) -> list[str]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(text + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().split()
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=10)
 
 
 def wait_for(
