@@ -303,6 +303,27 @@ def cleanup(mode: str, iptables_backend: str) -> None:
     click.echo(f"pyproxy: cleaned up {mode} rules")
 
 
+@cli.command("explain")
+@click.argument("service")
+@click.option("--manifests", default=None, help="Objects from the YAML files in DIR.")
+@click.option("--hostname-override", "--node", "hostname_override", default=None)
+def explain_cmd(service: str, manifests: str | None, hostname_override: str | None) -> None:
+    """Why SERVICE (namespace/name[:port]) reaches the endpoints it does, on this node."""
+    from pyproxy.explain import explain
+    from pyproxy.model.types import NamespacedName
+
+    setup_logging("warning", "text", None)
+    ns, slash, rest = service.partition("/")
+    if not slash or not ns or not rest:
+        raise OptionError(f"SERVICE: {service!r} is not namespace/name[:port]")
+    name, _, port = rest.partition(":")
+    directory = _manifests_dir(manifests)
+    if directory is None:
+        raise OptionError("--manifests: required for explain")
+    state = load_manifest_state(directory, node_name(hostname_override))
+    click.echo(explain(state, NamespacedName(ns, name), port or None), nl=False)
+
+
 @cli.command()
 def version() -> None:
     """Print the version."""
