@@ -299,7 +299,7 @@ class Cluster:
         method: str,
         path: str,
         body: Any = None,
-        token: str = ADMIN_TOKEN,
+        token: str | None = ADMIN_TOKEN,
         content_type: str = "application/json",
     ) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else None
@@ -370,6 +370,59 @@ class Cluster:
         raise RuntimeError(f"{what} not ready after {timeout}s; see {self.log(what)}")
 
 
+class ExternalCluster(Cluster):
+    """An existing cluster given by a kubeconfig (server, CA, bearer token): the tests that
+    only talk to the API (server-side dry runs) run against it; the ones that need to stop
+    the API server, compact etcd or relay a proxy to it skip."""
+
+    def __init__(self, kubeconfig_file: Path) -> None:
+        import base64
+        import tempfile
+
+        import yaml
+
+        cfg = yaml.safe_load(kubeconfig_file.read_text())
+        ctx_name = cfg.get("current-context")
+        ctx = next(c["context"] for c in cfg["contexts"] if c["name"] == ctx_name)
+        cl = next(c["cluster"] for c in cfg["clusters"] if c["name"] == ctx["cluster"])
+        user = next(u["user"] for u in cfg["users"] if u["name"] == ctx["user"])
+        if "token" not in user:
+            raise RuntimeError(f"{kubeconfig_file}: only bearer-token users are supported")
+        super().__init__(Path(tempfile.mkdtemp(prefix="pyproxy-external-")))
+        self._server = cl["server"]
+        self._token = user["token"]
+        if "certificate-authority-data" in cl:
+            ca = self.workdir / "ca.crt"
+            ca.write_bytes(base64.b64decode(cl["certificate-authority-data"]))
+            self._ca = ca
+        else:
+            self._ca = Path(cl["certificate-authority"])
+
+    @property
+    def server(self) -> str:
+        return str(self._server)
+
+    @property
+    def ca(self) -> Path:
+        return self._ca
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        token: str | None = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, Any]:
+        return super().request(method, path, body, token or self._token, content_type)
+
+    def start(self) -> Cluster:
+        return self
+
+    def stop(self) -> None:
+        pass
+
+
 STATE = Path(os.environ.get("PYPROXY_CLUSTER_DIR", "/tmp/pyproxy-cluster"))
 
 
@@ -386,9 +439,17 @@ def main(argv: list[str]) -> int:
         if not state.exists():
             print("no cluster running")
             return 0
-        for pid in json.loads(state.read_text())["pids"].values():
+        pids = json.loads(state.read_text())["pids"]
+        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+            pid = pids.get(name)
+            if pid is None:
+                continue
             try:
                 os.killpg(pid, signal.SIGTERM)
+                for _ in range(100):  # up to 20 s for a graceful stop, then kill
+                    os.kill(pid, 0)
+                    time.sleep(0.2)
+                os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         state.unlink()

@@ -21,7 +21,7 @@ import pytest
 
 from tests.cluster.cluster import KUBE_PROXY_TOKEN, PYPROXY_TOKEN, Cluster, binary
 from tests.cluster.nsrelay import Relay
-from tests.e2e.conftest import in_ns_kubeconfig
+from tests.e2e.conftest import in_ns_kubeconfig, require_local
 from tests.e2e.kube import Kube, eventually
 from tests.e2e.multinode import CLIENTS, NODES, PODS, MultiNode, pod_ip
 from tests.netns.world import Pyproxy
@@ -77,6 +77,7 @@ def mn() -> Iterator[MultiNode]:
 def proxies(
     mn: MultiNode, cluster: Cluster, kube: Kube, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
+    require_local(cluster)
     if binary("kube-proxy") is None:
         pytest.skip("upstream kube-proxy binary not built: run `make e2e`")
     d = tmp_path_factory.mktemp("conformance")

@@ -11,6 +11,7 @@ import pytest
 
 from tests.cluster.cluster import PYPROXY_TOKEN, Cluster
 from tests.cluster.nsrelay import Relay
+from tests.e2e.conftest import require_local
 from tests.e2e.kube import Kube, eventually
 from tests.netns.world import NODE_CLIENT_IP, PYTHON, Pyproxy, World, names_in, total
 
@@ -183,6 +184,8 @@ def test_burst_of_1000_services_is_coalesced(
 
 
 def test_identity_has_exactly_its_rights(cluster: Cluster) -> None:
+    require_local(cluster)
+
     def can(method: str, path: str, body: Any = None) -> int:
         return cluster.request(method, path, body, token=PYPROXY_TOKEN)[0]
 
