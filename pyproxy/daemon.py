@@ -124,7 +124,7 @@ class Daemon:
             try:
                 serve(
                     *self.cfg.metrics_address,
-                    metrics_routes(self.metrics.registry, self.cfg.mode, self.health),
+                    metrics_routes(self.metrics.registry, self.cfg.mode),
                     "metrics",
                 )
             except OSError as err:

@@ -136,7 +136,7 @@ def health_routes(
 
 
 def metrics_routes(
-    registry: CollectorRegistry, mode: str, health: ProxyHealth
+    registry: CollectorRegistry, mode: str
 ) -> Callable[[str], tuple[int, str, bytes] | None]:
     def route(path: str) -> tuple[int, str, bytes] | None:
         if path == "/metrics":

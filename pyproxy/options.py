@@ -12,7 +12,7 @@ import logging
 import re
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +130,6 @@ class Options:
     iptables_backend: str = "auto"
     log_level: str = "info"
     log_format: str = "text"
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 # KubeProxyConfiguration field -> Options attribute (nested fields with dots).
@@ -217,7 +216,3 @@ def default_config() -> dict[str, Any]:
         },
         "ipvs": {"scheduler": o.ipvs_scheduler},
     }
-
-
-def option_names() -> list[str]:
-    return [f.name for f in fields(Options)]

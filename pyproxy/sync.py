@@ -71,9 +71,6 @@ class Syncer:
         self.listeners: list[Callable[[SyncRecord], None]] = []
         self._warned_uninitialized = False
 
-    def request_full(self) -> None:
-        self._need_full = True
-
     def sync(self) -> None:
         """Called by the runner. Raises BackendError so the runner retries with backoff."""
         if not self.tracker.initialized:

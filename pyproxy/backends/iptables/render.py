@@ -12,8 +12,7 @@ Nothing here reads the kernel: node addresses come in through ``IptablesConfig``
 
 from __future__ import annotations
 
-import ipaddress
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pyproxy.backends.iptables import names
@@ -697,11 +696,3 @@ def render(state: ProxyState, cfg: IptablesConfig) -> Rendered:
         " -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
     ]
     return Rendered(cfg.family, filter_top, nat_top, per_service, extra_filter)
-
-
-def family_of_cidrs(cidrs: Iterable[str]) -> tuple[IPNetwork, ...]:
-    return tuple(ipaddress.ip_network(c.strip(), strict=False) for c in cidrs if c.strip())
-
-
-def chains_by_table(r: Rendered) -> Mapping[str, tuple[str, ...]]:
-    return {"filter": r.filter_chain_names(), "nat": NAT_TOP}
