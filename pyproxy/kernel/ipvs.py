@@ -1,8 +1,9 @@
 """IPVS virtual servers, ipsets and the dummy interface, through pyroute2's netlink.
 
 Plain values in, plain values out: a virtual server is keyed by (protocol number, address,
-port); nothing here knows a Service. IPv4 only: pyroute2 (0.9) encodes an IPv6 service's
-netmask as an address and the kernel rejects it, so the IPVS backend proxies IPv4 only.
+port); nothing here knows a Service. IPv4 only for now. (For IPv6, pyroute2 0.9 types the
+service netmask as an IPv4 address; the kernel reads its 4 raw bytes as a host-order prefix
+length, so ``netmask="128.0.0.0"`` is what encodes /128.)
 """
 
 from __future__ import annotations
