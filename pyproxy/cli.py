@@ -18,6 +18,7 @@ import yaml
 from pyproxy import __version__
 from pyproxy.backends import registry
 from pyproxy.backends.base import BackendError, BackendUnavailable
+from pyproxy.kernel.iptables import IptablesError
 from pyproxy.options import (
     OptionError,
     Options,
@@ -322,6 +323,21 @@ def explain_cmd(service: str, manifests: str | None, hostname_override: str | No
         raise OptionError("--manifests: required for explain")
     state = load_manifest_state(directory, node_name(hostname_override))
     click.echo(explain(state, NamespacedName(ns, name), port or None), nl=False)
+
+
+@cli.command()
+@click.option("--iptables-backend", type=click.Choice(["auto", "nft", "legacy"]), default="auto")
+def status(iptables_backend: str) -> None:
+    """Connections per service and endpoint, from the programmed rules' counters."""
+    from pyproxy.kernel.iptables import Iptables, detect_backend
+    from pyproxy.status import read, report
+
+    setup_logging("warning", "text", None)
+    try:
+        ipt = Iptables(detect_backend(iptables_backend))
+    except IptablesError as err:
+        raise BackendUnavailable(str(err)) from None
+    click.echo(report(read(ipt)), nl=False)
 
 
 @cli.command()

@@ -69,10 +69,9 @@ class Iptables:
                 f"{self._tool('-restore')} failed: {err}", int(m.group(1)) if m else None
             )
 
-    def save(self, table: str, timeout: float = 120) -> str:
-        res = subprocess.run(
-            [self._tool("-save"), "-t", table], capture_output=True, text=True, timeout=timeout
-        )
+    def save(self, table: str, timeout: float = 120, counters: bool = False) -> str:
+        cmd = [self._tool("-save"), "-t", table, *(["-c"] if counters else [])]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if res.returncode != 0:
             raise IptablesError(f"{self._tool('-save')} -t {table}: {res.stderr.strip()}")
         return res.stdout

@@ -327,6 +327,31 @@ def test_udp_hairpin(world: World, proxy: Pyproxy) -> None:
     assert r["replies"] == {"pod-1": 10} and r["sources"]["pod-1"] == ["10.244.1.1"]
 
 
+def test_status_counts_connections_per_endpoint(world: World, proxy: Pyproxy) -> None:
+    from pyproxy.status import parse
+
+    proxy.write(
+        "counted",
+        *manifest_objects(world, svc("counted", "10.96.1.15", [HTTP]), pods(world, 1, 2), HTTP_EP),
+    )
+    reachable(world, "10.96.1.15")
+
+    def counts() -> dict[str, int]:
+        nat = world.exec(world.node, "iptables-nft-save", "-c", "-t", "nat").stdout
+        filt = world.exec(world.node, "iptables-nft-save", "-c", "-t", "filter").stdout
+        c = parse(nat, filt).get("t/counted:http")
+        return {ep: n for ep, (n, _) in c.endpoints.items()} if c else {}
+
+    before = counts()
+    r = world.probe("tcp", "10.96.1.15", 80, count=30)
+    after = counts()
+    by_pod = {"10.244.1.2:8080": "pod-1", "10.244.2.2:8080": "pod-2"}
+    delta = {by_pod[ep]: after[ep] - before.get(ep, 0) for ep in after}
+    assert {k: v for k, v in delta.items() if v} == r["replies"]  # one DNAT per connection
+    out = world.exec(world.node, PYPROXY, "status").stdout
+    assert "t/counted:http" in out and "10.244.1.2:8080" in out
+
+
 def test_kernel_rules_after_partial_syncs_equal_a_full_render(world: World, proxy: Pyproxy) -> None:
     """After all the partial syncs above, the kernel holds what a full sync would write."""
     render = subprocess.run(
