@@ -1,9 +1,9 @@
 """IPVS virtual servers, ipsets and the dummy interface, through pyroute2's netlink.
 
 Plain values in, plain values out: a virtual server is keyed by (protocol number, address,
-port); nothing here knows a Service. IPv4 only for now. (For IPv6, pyroute2 0.9 types the
-service netmask as an IPv4 address; the kernel reads its 4 raw bytes as a host-order prefix
-length, so ``netmask="128.0.0.0"`` is what encodes /128.)
+port); nothing here knows a Service. Both families: for IPv6, pyroute2 0.9 types the service
+netmask as an IPv4 address while the kernel reads its 4 raw bytes as a host-order prefix
+length, so ``netmask="128.0.0.0"`` is what encodes /128.
 """
 
 from __future__ import annotations
@@ -50,9 +50,19 @@ class Dest:
     inactive: int = 0
 
 
+def socket_family(ipv6: bool) -> int:
+    return socket.AF_INET6 if ipv6 else socket.AF_INET
+
+
+def family(addr: str) -> int:
+    return socket.AF_INET6 if ":" in addr else socket.AF_INET
+
+
 def _svc(key: VSKey, spec: Service | None = None) -> IPVSService:
     proto, addr, port = key
     kw: dict[str, object] = {"addr": addr, "port": port, "protocol": proto}
+    if family(addr) == socket.AF_INET6:
+        kw.update(af=socket.AF_INET6, netmask="128.0.0.0")
     if spec is not None:
         kw.update(
             sched_name=spec.scheduler,
@@ -76,7 +86,7 @@ class Ipvs:
         out: dict[VSKey, Service] = {}
         for msg in self.sock.service("dump"):
             s = IPVSService.from_message(msg)
-            if s.get("af", socket.AF_INET) != socket.AF_INET or s.get("fwmark"):
+            if s.get("fwmark"):
                 continue
             key = (int(s["protocol"]), str(s["addr"]), int(s["port"]))
             out[key] = Service(str(s.get("sched_name", "")), int(s.get("timeout", 0) or 0))
@@ -165,6 +175,10 @@ def _to_pyroute2(stype: str, entry: Entry) -> tuple[object, str]:
     return (out[0] if len(out) == 1 else tuple(out)), ",".join(parts)
 
 
+def _entry_family(entry: Entry) -> int:
+    return socket.AF_INET6 if isinstance(entry[0], str) and ":" in entry[0] else socket.AF_INET
+
+
 class IpSets:
     def __init__(self) -> None:
         self.sock = IPSet()
@@ -175,12 +189,14 @@ class IpSets:
     def names(self) -> set[str]:
         return {str(m.get_attr("IPSET_ATTR_SETNAME")) for m in self.sock.list()}
 
-    def ensure(self, name: str, stype: str) -> None:
+    def ensure(self, name: str, stype: str, family: int = socket.AF_INET) -> None:
         if name in self.names():
             return
         kw: dict[str, object] = {}
         if stype == "bitmap:port":
             kw["bitmap_ports_range"] = (0, 65535)
+        else:
+            kw["family"] = family
         self.sock.create(name, stype=stype, **kw)
 
     def members(self, name: str, stype: str) -> set[Entry]:
@@ -197,12 +213,20 @@ class IpSets:
                 for kind in parts:
                     if kind in ("ip", "net"):
                         ip = ips.pop(0)
-                        addr = ip.get_attr("IPSET_ATTR_IPADDR_IPV4") if ip else ""
+                        addr = (
+                            (
+                                ip.get_attr("IPSET_ATTR_IPADDR_IPV4")
+                                or ip.get_attr("IPSET_ATTR_IPADDR_IPV6")
+                            )
+                            if ip
+                            else ""
+                        )
                         if kind == "net":
                             cidr = data.get_attr(
                                 "IPSET_ATTR_CIDR2" if not ips else "IPSET_ATTR_CIDR"
                             )
-                            addr = f"{addr}/{cidr if cidr is not None else 32}"
+                            default = 128 if ":" in str(addr) else 32
+                            addr = f"{addr}/{cidr if cidr is not None else default}"
                         values.append(str(addr))
                     elif kind == "port":
                         port = int(data.get_attr("IPSET_ATTR_PORT_FROM"))
@@ -213,12 +237,12 @@ class IpSets:
 
     def add(self, name: str, stype: str, entry: Entry) -> None:
         e, etype = _to_pyroute2(stype, entry)
-        self.sock.add(name, e, etype=etype, exclusive=False)
+        self.sock.add(name, e, etype=etype, exclusive=False, family=_entry_family(entry))
 
     def delete(self, name: str, stype: str, entry: Entry) -> None:
         e, etype = _to_pyroute2(stype, entry)
         with contextlib.suppress(NetlinkError):
-            self.sock.delete(name, e, etype=etype)
+            self.sock.delete(name, e, etype=etype, family=_entry_family(entry))
 
     def destroy(self, name: str) -> bool:
         try:
@@ -233,12 +257,13 @@ class IpSets:
 
 
 def dummy_addresses(ifname: str) -> set[str] | None:
-    """IPv4 addresses on ``ifname``, or None when the link does not exist."""
+    """Addresses on ``ifname`` (both families, no link-local), or None without the link."""
     with IPRoute() as ipr:
         idx = ipr.link_lookup(ifname=ifname)
         if not idx:
             return None
-        return {str(m.get_attr("IFA_ADDRESS")) for m in ipr.get_addr(index=idx[0], family=2)}
+        addrs = {str(m.get_attr("IFA_ADDRESS")) for m in ipr.get_addr(index=idx[0])}
+        return {a for a in addrs if not a.startswith("fe80:")}
 
 
 def ensure_dummy(ifname: str) -> int:
@@ -258,10 +283,16 @@ def set_addresses(ifname: str, add: Iterable[str], remove: Iterable[str]) -> Non
         (idx,) = ipr.link_lookup(ifname=ifname)
         for addr in remove:
             with contextlib.suppress(NetlinkError):
-                ipr.addr("del", index=idx, address=addr, prefixlen=32)
+                ipr.addr("del", index=idx, address=addr, prefixlen=128 if ":" in addr else 32)
         for addr in add:
             try:
-                ipr.addr("add", index=idx, address=addr, prefixlen=32)
+                ipr.addr(
+                    "add",
+                    index=idx,
+                    address=addr,
+                    prefixlen=128 if ":" in addr else 32,
+                    **({"flags": 0x02} if ":" in addr else {}),
+                )  # IFA_F_NODAD
             except NetlinkError as err:
                 if err.code != errno.EEXIST:
                     raise IpvsError(f"cannot add {addr} to {ifname}: {err}") from None

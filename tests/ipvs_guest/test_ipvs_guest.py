@@ -190,6 +190,38 @@ def test_restart_keeps_connections(world: World, proxy: Pyproxy) -> None:
     held.close()
 
 
+def test_dual_stack_service(world: World, proxy: Pyproxy) -> None:
+    proxy.write(
+        "dual",
+        *manifest_objects(
+            world,
+            svc(
+                "dual",
+                "10.96.7.6",
+                [{**HTTP, "nodePort": 30181}, {**DNS, "nodePort": 30154}],
+                type="NodePort",
+                clusterIPs=["10.96.7.6", "fd00:96::76"],
+                ipFamilies=["IPv4", "IPv6"],
+                ipFamilyPolicy="RequireDualStack",
+            ),
+            pods(world, 1, 2),
+            HTTP_EP + DNS_EP,
+            ipv6=True,
+        ),
+    )
+    reachable(world, "fd00:96::76")
+    for host, port, proto in (
+        ("fd00:96::76", 80, "tcp"),
+        ("fd00:96::76", 53, "udp"),
+        ("fd00:31::1", 30181, "tcp"),
+        ("10.96.7.6", 80, "tcp"),
+    ):
+        r = world.probe(proto, host, port, count=20)
+        assert names_in(r) == {"pod-1", "pod-2"} and total(r) == 20, (host, port, proto, r)
+    assert "[fd00:96::76]:80 rr" in ipvsadm(world)
+    assert "fd00:96::76" in world.exec(world.node, "ipset", "list", "KUBE-6-CLUSTER-IP").stdout
+
+
 def test_unknown_scheduler_is_a_clear_error(world: World) -> None:
     res = world.exec(
         world.node,
@@ -220,3 +252,5 @@ def test_cleanup_removes_everything_pyproxy_made(
     links = world.exec(world.node, "ip", "-br", "link").stdout
     assert "kube-ipvs0" not in links
     assert "KUBE-" not in world.exec(world.node, "iptables-legacy-save").stdout
+    assert "KUBE-" not in world.exec(world.node, "ip6tables-legacy-save").stdout
+    assert "fd00:96::" not in listing

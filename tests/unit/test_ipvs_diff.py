@@ -120,3 +120,13 @@ def test_render_policies_and_affinity() -> None:
     assert d.ipsets["KUBE-NODE-PORT-LOCAL-TCP"] == {(30080,)}
     assert ("10.96.0.10", "tcp:80") in d.ipsets["KUBE-CLUSTER-IP"]
     assert "TCP  10.96.0.10:80 rr persistent 99" in d.listing()
+
+
+def test_ipv6_set_names_follow_upstream_and_fit_the_kernel_limit() -> None:
+    from pyproxy.backends.ipvs.render import family_sets, set_name
+    from pyproxy.model.types import IPFamily
+
+    assert set_name("KUBE-CLUSTER-IP", IPFamily.IPV6) == "KUBE-6-CLUSTER-IP"
+    assert set_name("KUBE-CLUSTER-IP", IPFamily.IPV4) == "KUBE-CLUSTER-IP"
+    assert all(len(n) <= 31 for n in family_sets(IPFamily.IPV6))
+    assert "KUBE-6-LOAD-BALANCER-SOURCE-CID" in family_sets(IPFamily.IPV6)

@@ -20,10 +20,11 @@ from pyproxy.backends.ipvs.render import (
     JUMPS,
     NAT_CHAINS,
     SCHEDULERS,
-    SETS,
     Desired,
     IpvsConfig,
+    family_sets,
     render,
+    set_name,
 )
 from pyproxy.backends.stale_conntrack import stale_filters
 from pyproxy.kernel import addresses, conntrack, sysctl
@@ -76,15 +77,18 @@ class IpvsBackend(Backend):
                 f"--ipvs-scheduler: {self.options.ipvs_scheduler!r} is not one of "
                 f"{', '.join(SCHEDULERS)}"
             )
-        self._ipt: Iptables | None = None
+        self._ipt: dict[IPFamily, Iptables] | None = None
         self._last_state: ProxyState | None = None
         self._jumps_done = False
         self.last_plan: Plan | None = None
         self.restore_failures = 0
 
-    def config(self, node_ips: Iterable[IPAddress] = ()) -> IpvsConfig:
+    def config(
+        self, family: IPFamily = IPFamily.IPV4, node_ips: Iterable[IPAddress] = ()
+    ) -> IpvsConfig:
         o = self.options
         return IpvsConfig(
+            family=family,
             scheduler=o.ipvs_scheduler,
             masquerade_bit=o.masquerade_bit,
             masquerade_all=o.masquerade_all,
@@ -94,21 +98,31 @@ class IpvsBackend(Backend):
         )
 
     def render(self, state: ProxyState) -> str:
-        d = render(state, self.config())
-        sets = "\n".join(
-            f"# ipset {n} ({SETS[n]}): {len(d.ipsets[n])} entries" for n in SETS if d.ipsets[n]
-        )
-        return (
-            d.listing()
-            + f"\n# {DUMMY} addresses: {' '.join(sorted(d.addresses))}\n"
-            + sets
-            + "\n\n# iptables-restore input (--noflush)\n"
-            + d.iptables
-        )
+        parts = []
+        for family in (IPFamily.IPV4, IPFamily.IPV6):
+            if family is IPFamily.IPV6 and not state.sorted_services(family):
+                continue
+            d = render(state, self.config(family))
+            types = family_sets(family)
+            sets = "\n".join(
+                f"# ipset {n} ({types[n]}): {len(v)} entries"
+                for n, v in sorted(d.ipsets.items())
+                if v
+            )
+            tool = "ip6tables" if family is IPFamily.IPV6 else "iptables"
+            parts.append(
+                f"# {family.value}\n"
+                + d.listing()
+                + f"\n# {DUMMY} addresses: {' '.join(sorted(d.addresses))}\n"
+                + sets
+                + f"\n\n# {tool}-restore input (--noflush)\n"
+                + d.iptables
+            )
+        return "\n".join(parts)
 
     # ---- set-up ---------------------------------------------------------------------------
 
-    def _setup(self) -> Iptables:
+    def _setup(self) -> dict[IPFamily, Iptables]:
         if self._ipt is not None:
             return self._ipt
         try:
@@ -128,40 +142,66 @@ class IpvsBackend(Backend):
         except IptablesError as err:
             raise BackendUnavailable(str(err)) from None
         kipvs.ensure_dummy(DUMMY)
-        self._ipt = Iptables(backend)
+        tables = {IPFamily.IPV4: Iptables(backend)}
+        v6 = Iptables(backend, ipv6=True)
+        if v6.available() and v6.run("-t", "nat", "-S", "POSTROUTING", check=False).returncode == 0:
+            tables[IPFamily.IPV6] = v6
+        else:
+            log.warning("ip6tables (%s) does not work here; IPv6 services are not proxied", backend)
+        self._ipt = tables
         log.info(
-            "ipvs mode: scheduler %s, iptables %s back end", self.options.ipvs_scheduler, backend
+            "ipvs mode: scheduler %s, iptables %s back end, %s",
+            self.options.ipvs_scheduler,
+            backend,
+            ", ".join(f.value for f in tables),
         )
-        return self._ipt
+        return tables
 
-    def _node_ips(self, vips: set[str]) -> list[IPAddress]:
-        """NodePort addresses: this host's IPv4 addresses, less loopback and kube-ipvs0's."""
+    def _node_ips(self, family: IPFamily, vips: set[str]) -> list[IPAddress]:
+        """NodePort addresses: this host's addresses of ``family``, less loopback, link-local
+        and kube-ipvs0's, narrowed by --nodeport-addresses CIDRs when given."""
+        version = 4 if family is IPFamily.IPV4 else 6
         local: list[IPAddress] = [
             ip
             for ip in addresses.local_addresses()
-            if ip.version == 4 and not ip.is_loopback and str(ip) not in vips
+            if ip.version == version
+            and not ip.is_loopback
+            and not ip.is_link_local
+            and str(ip) not in vips
         ]
         specs = [s for s in self.options.nodeport_addresses if s not in ("all", "primary")]
         if not specs:
             return local
         nets = [ipaddress.ip_network(s, strict=False) for s in specs if s != "localhost"]
-        return [ip for ip in local if any(ip in n for n in nets if n.version == 4)]
+        return [ip for ip in local if any(ip in n for n in nets if n.version == version)]
 
     # ---- sync -------------------------------------------------------------------------------
 
     def sync(self, request: SyncRequest) -> SyncResult:
-        ipt = self._setup()
+        tables = self._setup()
         t0 = time.monotonic()
         current_addrs = kipvs.dummy_addresses(DUMMY) or set()
-        node_ips = self._node_ips(current_addrs)
-        desired = render(request.state, self.config(node_ips))
+        merged = Desired(ipsets={})
+        per_family: dict[IPFamily, Desired] = {}
+        node_ips: set[str] = set()
+        for family in tables:
+            ips = self._node_ips(family, current_addrs)
+            node_ips |= {str(i) for i in ips}
+            d = per_family[family] = render(request.state, self.config(family, ips))
+            merged.services.update(d.services)
+            merged.addresses |= d.addresses
+            merged.ipsets.update(d.ipsets)
+        types = {n: t for f in tables for n, t in family_sets(f).items()}
         t1 = time.monotonic()
         sets = kipvs.IpSets()
         ipvs = kipvs.Ipvs()
         try:
-            for name, stype in SETS.items():  # the rules reference them: create them first
-                sets.ensure(name, stype)
-            self._apply_iptables(ipt, desired, full=request.full or not self._jumps_done)
+            for name, stype in types.items():  # the rules reference them: create them first
+                sets.ensure(name, stype, kipvs.socket_family(name.startswith("KUBE-6-")))
+            full = request.full or not self._jumps_done
+            for family, ipt in tables.items():
+                self._apply_iptables(ipt, per_family[family], full=full)
+            self._jumps_done = True
             current = {
                 key: CurrentService(
                     spec.scheduler,
@@ -173,14 +213,12 @@ class IpvsBackend(Backend):
                 )
                 for key, spec in ipvs.services().items()
             }
-            members = {name: sets.members(name, stype) for name, stype in SETS.items()}
-            p = plan(
-                desired, current, current_addrs, current_addrs | {str(i) for i in node_ips}, members
-            )
-            for name, stype in SETS.items():
-                for entry in sorted(p.ipset_add[name], key=str):
+            members = {name: sets.members(name, stype) for name, stype in types.items()}
+            p = plan(merged, current, current_addrs, current_addrs | node_ips, members)
+            for name, stype in types.items():
+                for entry in sorted(p.ipset_add.get(name, ()), key=str):
                     sets.add(name, stype, entry)
-                for entry in sorted(p.ipset_delete[name], key=str):
+                for entry in sorted(p.ipset_delete.get(name, ()), key=str):
                     sets.delete(name, stype, entry)
             kipvs.set_addresses(DUMMY, sorted(p.add_addresses), ())
             self._apply_plan(ipvs, p)
@@ -191,21 +229,25 @@ class IpvsBackend(Backend):
             ipvs.close()
             sets.close()
         self.last_plan = p
-        filters = stale_filters(self._last_state, request.state, IPFamily.IPV4)
-        if filters:
-            n = conntrack.delete(filters)
-            log.info("cleared %d stale UDP conntrack entries", n)
+        for family in tables:
+            filters = stale_filters(self._last_state, request.state, family)
+            if filters:
+                n = conntrack.delete(filters, ipv6=family is IPFamily.IPV6)
+                log.info("cleared %d stale UDP conntrack entries (%s)", n, family.value)
         self._last_state = request.state
         t2 = time.monotonic()
+        fams = tuple(f.value for f in tables)
         return SyncResult(
             full=request.full,
-            families=("IPv4",),
-            rules_total={"ipvs/IPv4": len(desired.services)},
+            families=fams,
+            rules_total={f"ipvs/{f.value}": len(per_family[f].services) for f in tables},
             rules_written={"ipvs/IPv4": len(p.add_services) + len(p.set_dests)},
             render_seconds=t1 - t0,
             apply_seconds=t2 - t1,
-            no_local_endpoints={f"{k}/IPv4": v for k, v in desired.no_local.items()},
-            restore_failures={"IPv4": (self.restore_failures, 0)},
+            no_local_endpoints={
+                f"{k}/{f.value}": v for f in tables for k, v in per_family[f].no_local.items()
+            },
+            restore_failures={f: (self.restore_failures, 0) for f in fams},
         )
 
     def _apply_iptables(self, ipt: Iptables, desired: Desired, full: bool) -> None:
@@ -217,7 +259,6 @@ class IpvsBackend(Backend):
                     ipt.ensure_rule_first(jump[0], jump[1], _jump_args(jump))
             except IptablesError as err:
                 raise BackendError(f"cannot install jump rules: {err}") from None
-            self._jumps_done = True
         try:
             ipt.restore(desired.iptables)
         except IptablesError as err:
@@ -247,10 +288,11 @@ class IpvsBackend(Backend):
         try:
             sets = kipvs.IpSets()
             node_ports: set[int] = set()
-            for proto in ("TCP", "UDP"):
-                name = f"KUBE-NODE-PORT-{proto}"
-                if name in sets.names():
-                    node_ports |= {int(e[0]) for e in sets.members(name, SETS[name])}
+            for family in (IPFamily.IPV4, IPFamily.IPV6):
+                for proto in ("TCP", "UDP"):
+                    name = set_name(f"KUBE-NODE-PORT-{proto}", family)
+                    if name in sets.names():
+                        node_ports |= {int(e[0]) for e in sets.members(name, "bitmap:port")}
             ipvs = kipvs.Ipvs()
             local = {str(ip) for ip in addresses.local_addresses()}
             for key in ipvs.services():
@@ -261,8 +303,6 @@ class IpvsBackend(Backend):
             errors.append(str(err))
             sets = kipvs.IpSets()
         for ipt in working_tables():
-            if ipt.ipv6:
-                continue
             try:
                 for jump in JUMPS:
                     ipt.delete_rule(jump[0], jump[1], _jump_args(jump))
@@ -274,9 +314,11 @@ class IpvsBackend(Backend):
             except IptablesError as err:
                 errors.append(f"{ipt.backend}: {err}")
         try:
-            for name in SETS:
-                if name in sets.names():
-                    sets.destroy(name)
+            present = sets.names()
+            for family in (IPFamily.IPV4, IPFamily.IPV6):
+                for name in family_sets(family):
+                    if name in present:
+                        sets.destroy(name)
         finally:
             sets.close()
         kipvs.delete_link(DUMMY)

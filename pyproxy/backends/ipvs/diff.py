@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pyproxy.backends.ipvs.render import SETS, Desired, DestKey, Entry, VSKey
+from pyproxy.backends.ipvs.render import Desired, DestKey, Entry, VSKey
 
 UDP = 17
 
@@ -97,7 +97,7 @@ def plan(
             p.delete_services.append(key)
     p.add_addresses = desired.addresses - addresses
     p.delete_addresses = addresses - desired.addresses
-    for name in SETS:
+    for name in sorted(desired.ipsets.keys() | sets.keys()):
         want = desired.ipsets.get(name, set())
         present = sets.get(name, set())
         p.ipset_add[name] = want - present

@@ -1,4 +1,5 @@
-"""Pure rendering of the proxy state into kube-proxy's IPVS-mode layout (IPv4).
+"""Pure rendering of the proxy state into kube-proxy's IPVS-mode layout, one IP family at a
+time (IPv6 ipsets are named ``KUBE-6-*``, as upstream).
 
 One virtual server per service address and port (cluster IP, each node address for a
 NodePort, external IPs, load-balancer IPs), real servers in masquerade mode chosen by the
@@ -9,6 +10,7 @@ IPVS persistence with the service's timeout, as upstream.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -78,14 +80,26 @@ JUMPS: tuple[tuple[str, str, str, tuple[str, ...], str], ...] = (
 )
 
 
+def set_name(base: str, family: IPFamily) -> str:
+    """Upstream's per-family ipset name: KUBE-CLUSTER-IP -> KUBE-6-CLUSTER-IP for IPv6,
+    cut to the kernel's 31-character limit as upstream does."""
+    return base if family is IPFamily.IPV4 else ("KUBE-6-" + base[len("KUBE-") :])[:31]
+
+
+def family_sets(family: IPFamily) -> dict[str, str]:
+    """Actual ipset name -> type, for one family."""
+    return {set_name(n, family): t for n, t in SETS.items()}
+
+
 @dataclass(frozen=True)
 class IpvsConfig:
+    family: IPFamily = IPFamily.IPV4
     scheduler: str = "rr"
     masquerade_bit: int = 14
     masquerade_all: bool = False
     cluster_cidrs: tuple[IPNetwork, ...] = ()
     node_ips: tuple[IPAddress, ...] = ()
-    """This node's IPv4 addresses that accept NodePorts (not kube-ipvs0's, not loopback)."""
+    """This node's addresses of ``family`` that accept NodePorts (not kube-ipvs0's)."""
     random_fully: bool = True
     conntrack_tcp_liberal: bool = False
 
@@ -95,7 +109,8 @@ class IpvsConfig:
 
     @property
     def local_cidr(self) -> IPNetwork | None:
-        return next((c for c in self.cluster_cidrs if c.version == 4), None)
+        version = 4 if self.family is IPFamily.IPV4 else 6
+        return next((c for c in self.cluster_cidrs if c.version == version), None)
 
 
 @dataclass
@@ -126,11 +141,16 @@ class Desired:
             proto, addr, port = key
             flags = f" persistent {vs.timeout}" if vs.timeout else ""
             out.append(
-                f"{PROTO_NAME[proto]:4} {addr}:{port} {vs.scheduler}{flags}   # {vs.comment}"
+                f"{PROTO_NAME[proto]:4} {_hostport(addr, port)} {vs.scheduler}{flags}"
+                f"   # {vs.comment}"
             )
             for (ip, p), weight in sorted(vs.dests.items()):
-                out.append(f"  -> {f'{ip}:{p}':28} Masq    {weight:<6} 0          0")
+                out.append(f"  -> {_hostport(ip, p):28} Masq    {weight:<6} 0          0")
         return "\n".join(out) + "\n"
+
+
+def _hostport(addr: str, port: int) -> str:
+    return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
 
 
 def _dests(eps: Iterable[Endpoint]) -> dict[DestKey, int]:
@@ -140,14 +160,19 @@ def _dests(eps: Iterable[Endpoint]) -> dict[DestKey, int]:
 def render(state: ProxyState, cfg: IpvsConfig) -> Desired:
     d = Desired()
     sets = d.ipsets
-    for svc in state.sorted_services(IPFamily.IPV4):
+    for svc in state.sorted_services(cfg.family):
         _render_service(d, svc, state, cfg)
-        for ep in state.endpoints_for(svc.name, IPFamily.IPV4):
+        for ep in state.endpoints_for(svc.name, cfg.family):
             if ep.ready or (ep.serving and ep.terminating):
                 sets["KUBE-LOOP-BACK"].add(
                     (str(ep.ip), f"{svc.protocol.value.lower()}:{ep.port}", str(ep.ip))
                 )
-    d.iptables = _iptables(cfg)
+    d.ipsets = {set_name(n, cfg.family): v for n, v in d.ipsets.items()}
+    d.iptables = re.sub(
+        r"--match-set (KUBE-[A-Z0-9-]+)",
+        lambda m: "--match-set " + set_name(m.group(1), cfg.family),
+        _iptables(cfg),
+    )
     return d
 
 
@@ -155,7 +180,7 @@ def _render_service(d: Desired, svc: ServicePort, state: ProxyState, cfg: IpvsCo
     proto = PROTO_NUM[svc.protocol]
     pname = svc.protocol.value.lower()
     name = str(svc.name)
-    eps = state.endpoints_for(svc.name, IPFamily.IPV4)
+    eps = state.endpoints_for(svc.name, cfg.family)
     sel = categorize_endpoints(svc, eps, state.node)
     timeout = svc.sticky_max_age_seconds if svc.session_affinity_client_ip else 0
     internal = sel.local if svc.internal_policy_local else sel.cluster
@@ -171,7 +196,7 @@ def _render_service(d: Desired, svc: ServicePort, state: ProxyState, cfg: IpvsCo
             cfg.scheduler, timeout, _dests(dests), f"{name} {what}"
         )
 
-    cip = str(svc.cluster_ip(IPFamily.IPV4))
+    cip = str(svc.cluster_ip(cfg.family))
     vs(cip, svc.port, internal, "cluster IP")
     d.addresses.add(cip)
     sets["KUBE-CLUSTER-IP"].add((cip, f"{pname}:{svc.port}"))
