@@ -178,12 +178,16 @@ class Metrics:
             self.last_timestamp.labels(fam).set(rec.finished)
             for latency in rec.latencies:
                 self.network_programming.labels(fam).observe(latency)
-        for key, value in res.rules_total.items():
-            table, _, fam = key.partition("/")
-            self.rules_total.labels(table, fam or "IPv4").set(value)
-        for key, value in res.rules_written.items():
-            table, _, fam = key.partition("/")
-            self.rules_last.labels(table, fam or "IPv4").set(value)
+        # kubeproxy_sync_proxy_rules_iptables_* count iptables rules only (filter, nat), as
+        # upstream; IPVS mode's virtual-server counts are not iptables rules.
+        for gauge, counts in (
+            (self.rules_total, res.rules_total),
+            (self.rules_last, res.rules_written),
+        ):
+            for key, value in counts.items():
+                table, _, fam = key.partition("/")
+                if table in ("filter", "nat"):
+                    gauge.labels(table, fam or "IPv4").set(value)
         for key, value in res.no_local_endpoints.items():
             policy, _, fam = key.partition("/")
             self.no_local_endpoints.labels(policy, fam or "IPv4").set(value)
