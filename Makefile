@@ -37,6 +37,7 @@ lint: $(BIN)/pyproxy
 bench: $(BIN)/pyproxy
 	$(BIN)/python -m tests.bench.partial_sync --services 10000 --endpoints 2 --backend nft
 	$(BIN)/python -m tests.bench.userspace
+	$(BIN)/python -m tests.bench.daemon_sync --services 10000 --endpoints 2 --target 2.0
 
 demo: $(BIN)/pyproxy
 	$(BIN)/python -m tests.demo
