@@ -291,98 +291,50 @@ def render_service(
     def top(table: dict[str, list[str]], chain: str, *args: str) -> None:
         table.setdefault(chain, []).append(" ".join(("-A", chain, *args)))
 
+    def dispatch(
+        table: dict[str, list[str]], chain: str, comment: str, dest: IPAddress | str, target: str
+    ) -> None:
+        """A top-level rule matching one service address and port."""
+        top(
+            table,
+            chain,
+            "-m",
+            "comment",
+            "--comment",
+            comment,
+            *_svc_match(proto, dest, svc.port),
+            "-j",
+            target,
+        )
+
     # Cluster IP.
     if has_internal:
-        top(
-            out.top_nat,
-            KUBE_SERVICES,
-            "-m",
-            "comment",
-            "--comment",
-            _q(f"{name} cluster IP"),
-            *_svc_match(proto, cluster_ip, svc.port),
-            "-j",
-            internal_chain,
-        )
+        dispatch(out.top_nat, KUBE_SERVICES, _q(f"{name} cluster IP"), cluster_ip, internal_chain)
     else:
-        top(
-            out.top_filter,
-            KUBE_SERVICES,
-            "-m",
-            "comment",
-            "--comment",
-            int_comment,
-            *_svc_match(proto, cluster_ip, svc.port),
-            "-j",
-            int_target,
-        )
+        dispatch(out.top_filter, KUBE_SERVICES, int_comment, cluster_ip, int_target)
 
     # External IPs.
     for eip in svc.external_ips:
         if sel.has_any:
-            top(
-                out.top_nat,
-                KUBE_SERVICES,
-                "-m",
-                "comment",
-                "--comment",
-                _q(f"{name} external IP"),
-                *_svc_match(proto, eip, svc.port),
-                "-j",
-                ext_chain,
-            )
+            dispatch(out.top_nat, KUBE_SERVICES, _q(f"{name} external IP"), eip, ext_chain)
         if not has_external:
-            top(
-                out.top_filter,
-                KUBE_EXTERNAL_SERVICES,
-                "-m",
-                "comment",
-                "--comment",
-                ext_comment,
-                *_svc_match(proto, eip, svc.port),
-                "-j",
-                ext_target,
-            )
+            dispatch(out.top_filter, KUBE_EXTERNAL_SERVICES, ext_comment, eip, ext_target)
 
     # Load-balancer ingress IPs.
     for lbip in svc.load_balancer_ips:
         if sel.has_any:
-            top(
-                out.top_nat,
-                KUBE_SERVICES,
-                "-m",
-                "comment",
-                "--comment",
-                _q(f"{name} loadbalancer IP"),
-                *_svc_match(proto, lbip, svc.port),
-                "-j",
-                lb_chain,
-            )
+            dispatch(out.top_nat, KUBE_SERVICES, _q(f"{name} loadbalancer IP"), lbip, lb_chain)
         if uses_fw:
-            top(
+            dispatch(
                 out.top_filter,
                 KUBE_PROXY_FIREWALL,
-                "-m",
-                "comment",
-                "--comment",
                 _q(f"{name} traffic not accepted by {fw_chain}"),
-                *_svc_match(proto, lbip, svc.port),
-                "-j",
+                lbip,
                 "DROP",
             )
     if not has_external:
         for lbip in svc.load_balancer_ips:
-            top(
-                out.top_filter,
-                KUBE_EXTERNAL_SERVICES,
-                "-m",
-                "comment",
-                "--comment",
-                ext_comment,
-                *_svc_match(proto, lbip, svc.port),
-                "-j",
-                ext_target,
-            )
+            dispatch(out.top_filter, KUBE_EXTERNAL_SERVICES, ext_comment, lbip, ext_target)
 
     # NodePorts.
     if svc.node_port:
