@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.netns import test_iptables_traffic as traffic
 from tests.netns.test_iptables_traffic import DNS, DNS_EP, HTTP, HTTP_EP, pods, svc
 from tests.netns.world import (
     NODE_CLIENT_IP,
@@ -74,10 +75,8 @@ def dest_weights(world: World, vip: str) -> dict[str, int]:
     return out
 
 
-def reachable(world: World, ip: str, port: int = 80, proto: str = "tcp") -> Any:
-    return wait_for(
-        lambda: world.probe(proto, ip, port, timeout=1)["replies"], timeout=30, what=f"{ip}:{port}"
-    )
+# The guest is slower than the host: the shared wait, with a longer bound.
+reachable = functools.partial(traffic.reachable, timeout=30)
 
 
 def test_cluster_ip_and_node_port_round_robin(world: World, proxy: Pyproxy) -> None:

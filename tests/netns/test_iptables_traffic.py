@@ -58,12 +58,13 @@ def reachable(
     proto: str = "tcp",
     client: int = 0,
     ns: str | None = None,
+    timeout: float = 15.0,
 ) -> Any:
     def ok() -> Any:
         r = world.probe(proto, ip, port, count=1, client=client, timeout=1.0, ns=ns)
         return r if r["replies"] else None
 
-    return wait_for(ok, what=f"{proto} {ip}:{port} to answer")
+    return wait_for(ok, timeout=timeout, what=f"{proto} {ip}:{port} to answer")
 
 
 def test_cluster_ip_spreads_over_ready_endpoints(world: World, proxy: Pyproxy) -> None:
