@@ -90,6 +90,24 @@ class Iptables:
         if self.run("-t", table, "-C", chain, *args, check=False).returncode != 0:
             self.run("-t", table, "-I", chain, "1", *args)
 
+    def ensure_jumps(self, jumps: Iterable[tuple[str, str, list[str]]]) -> None:
+        """Prepend each (table, chain, args) rule that is missing, reading each built-in chain
+        once (``-S``) instead of one ``-C`` per rule: process start-up dominates on slow hosts.
+        A rule counts as present when a line has its comment and jumps to its target."""
+        listings: dict[tuple[str, str], list[str]] = {}
+        for table, chain, args in jumps:
+            if (table, chain) not in listings:
+                listings[(table, chain)] = self.run(
+                    "-t", table, "-S", chain, check=False
+                ).stdout.splitlines()
+            target = args[args.index("-j") + 1]
+            comment = args[args.index("--comment") + 1] if "--comment" in args else ""
+            if not any(
+                line.endswith(f"-j {target}") and comment in line
+                for line in listings[(table, chain)]
+            ):
+                self.run("-t", table, "-I", chain, "1", *args)
+
     def delete_rule(self, table: str, chain: str, args: list[str]) -> bool:
         """Delete every copy of a rule; True if one existed."""
         found = False

@@ -251,19 +251,16 @@ class IpvsBackend(Backend):
         )
 
     def _apply_iptables(self, ipt: Iptables, desired: Desired, full: bool) -> None:
-        if full:
-            try:
-                for table, _src, dst, _, _ in JUMPS:
-                    ipt.ensure_chain(table, dst)
-                for jump in JUMPS:
-                    ipt.ensure_rule_first(jump[0], jump[1], _jump_args(jump))
-            except IptablesError as err:
-                raise BackendError(f"cannot install jump rules: {err}") from None
         try:
-            ipt.restore(desired.iptables)
+            ipt.restore(desired.iptables)  # declares every chain the jumps point to
         except IptablesError as err:
             self.restore_failures += 1
             raise BackendError(f"iptables-restore failed: {err}") from None
+        if full:
+            try:
+                ipt.ensure_jumps((j[0], j[1], _jump_args(j)) for j in JUMPS)
+            except IptablesError as err:
+                raise BackendError(f"cannot install jump rules: {err}") from None
 
     def _apply_plan(self, ipvs: kipvs.Ipvs, p: Plan) -> None:
         for key, sched, timeout in p.add_services:
