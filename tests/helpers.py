@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pyproxy.model.events import Event, EventType
-from pyproxy.tracker import ChangeTracker
+from pyproxy.sync.tracker import ChangeTracker
 
 
 def service(

@@ -329,7 +329,7 @@ def test_udp_hairpin(world: World, proxy: Pyproxy) -> None:
 
 
 def test_status_counts_connections_per_endpoint(world: World, proxy: Pyproxy) -> None:
-    from pyproxy.status import parse
+    from pyproxy.tools.status import parse
 
     proxy.write(
         "counted",

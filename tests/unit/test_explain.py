@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pyproxy.explain import explain
 from pyproxy.model.types import NamespacedName
+from pyproxy.tools.explain import explain
 from tests.helpers import endpoint, endpoint_slice, port, service, tracker_with
 
 

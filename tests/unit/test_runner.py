@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pyproxy.runner import BoundedFrequencyRunner
+from pyproxy.sync.runner import BoundedFrequencyRunner
 
 
 class Clock:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pyproxy.status import parse, report
+from pyproxy.tools.status import parse, report
 
 NAT = """*nat
 :KUBE-SEP-AAAA - [0:0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyproxy.model.events import Event, EventType
 from pyproxy.model.types import NamespacedName
-from pyproxy.tracker import ChangeTracker
+from pyproxy.sync.tracker import ChangeTracker
 from tests.helpers import endpoint, endpoint_slice, node, port, service, tracker_with
 
 WEB = NamespacedName("ns", "web")

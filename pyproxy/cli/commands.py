@@ -18,8 +18,7 @@ import yaml
 from pyproxy import __version__
 from pyproxy.backends import registry
 from pyproxy.backends.base import BackendError, BackendUnavailable
-from pyproxy.kernel.iptables import IptablesError
-from pyproxy.options import (
+from pyproxy.cli.options import (
     OptionError,
     Options,
     default_config,
@@ -30,6 +29,7 @@ from pyproxy.options import (
     parse_duration,
     parse_nodeport_addresses,
 )
+from pyproxy.kernel.iptables import IptablesError
 
 log = logging.getLogger("pyproxy")
 
@@ -239,7 +239,7 @@ def cli(ctx: click.Context, /, **params: Any) -> None:
     verbosity = params.pop("verbosity")
     setup_logging(params["log_level"], params["log_format"], verbosity)
     opts = _merge(ctx, params)
-    from pyproxy.daemon import Daemon, DaemonConfig
+    from pyproxy.cli.daemon import Daemon, DaemonConfig
 
     bopts = backend_options(opts)
     metrics_address = parse_bind_address("--metrics-bind-address", opts.metrics_bind_address)
@@ -270,7 +270,7 @@ def cli(ctx: click.Context, /, **params: Any) -> None:
 
 def load_manifest_state(directory: Path, node: str) -> Any:
     from pyproxy.sources.manifests import ManifestsSource
-    from pyproxy.tracker import ChangeTracker
+    from pyproxy.sync.tracker import ChangeTracker
 
     tracker = ChangeTracker(node)
     ManifestsSource(directory, tracker.apply).initial()
@@ -310,8 +310,8 @@ def cleanup(mode: str, iptables_backend: str) -> None:
 @click.option("--hostname-override", "--node", "hostname_override", default=None)
 def explain_cmd(service: str, manifests: str | None, hostname_override: str | None) -> None:
     """Why SERVICE (namespace/name[:port]) reaches the endpoints it does, on this node."""
-    from pyproxy.explain import explain
     from pyproxy.model.types import NamespacedName
+    from pyproxy.tools.explain import explain
 
     setup_logging("warning", "text", None)
     ns, slash, rest = service.partition("/")
@@ -330,7 +330,7 @@ def explain_cmd(service: str, manifests: str | None, hostname_override: str | No
 def status(iptables_backend: str) -> None:
     """Connections per service and endpoint, from the programmed rules' counters."""
     from pyproxy.kernel.iptables import Iptables, detect_backend
-    from pyproxy.status import read, report
+    from pyproxy.tools.status import read, report
 
     setup_logging("warning", "text", None)
     try:

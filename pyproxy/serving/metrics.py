@@ -12,7 +12,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from pyproxy.sync import SyncRecord
+from pyproxy.sync.syncer import SyncRecord
 
 SYNC_BUCKETS = tuple(0.001 * 2**i for i in range(15))  # ExponentialBuckets(0.001, 2, 15)
 NETWORK_PROGRAMMING_BUCKETS = (

@@ -18,19 +18,19 @@ from typing import Any
 
 from pyproxy.backends import registry
 from pyproxy.backends.base import Backend
-from pyproxy.health import (
+from pyproxy.model.events import Event
+from pyproxy.serving.health import (
     ProxyHealth,
     ServiceHealthServer,
     health_routes,
     metrics_routes,
     serve,
 )
-from pyproxy.metrics import Metrics
-from pyproxy.model.events import Event
-from pyproxy.runner import BoundedFrequencyRunner
+from pyproxy.serving.metrics import Metrics
 from pyproxy.sources.manifests import ManifestsSource
-from pyproxy.sync import Syncer, SyncRecord
-from pyproxy.tracker import ChangeTracker
+from pyproxy.sync.runner import BoundedFrequencyRunner
+from pyproxy.sync.syncer import Syncer, SyncRecord
+from pyproxy.sync.tracker import ChangeTracker
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """One sync: take the tracker's changes, decide full or partial, call the backend, record it.
 
-The runner (``pyproxy.runner``) decides when this runs; the backend decides how rules are
+The runner (``pyproxy.sync.runner``) decides when this runs; the backend decides how rules are
 written. What is recorded per sync (``SyncRecord``) feeds metrics and health: duration,
 full or partial, changes applied, and network-programming latency (from the EndpointSlice's
 last-change-trigger-time when present, else from when pyproxy first saw the change).
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from pyproxy.backends.base import Backend, BackendError, SyncRequest, SyncResult
 from pyproxy.model.types import ProxyState
-from pyproxy.tracker import ChangeTracker
+from pyproxy.sync.tracker import ChangeTracker
 
 log = logging.getLogger(__name__)
 
