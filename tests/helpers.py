@@ -74,9 +74,22 @@ def endpoint_slice(
     }
 
 
-def node(name: str, zone: str | None = None) -> dict[str, Any]:
+def node(
+    name: str,
+    zone: str | None = None,
+    addresses: list[str] | None = None,
+    external: list[str] | None = None,
+    pod_cidrs: list[str] | None = None,
+) -> dict[str, Any]:
     labels = {"topology.kubernetes.io/zone": zone} if zone else {}
-    return {"kind": "Node", "metadata": {"name": name, "labels": labels}}
+    addrs = [{"type": "InternalIP", "address": a} for a in addresses or []]
+    addrs += [{"type": "ExternalIP", "address": a} for a in external or []]
+    obj: dict[str, Any] = {"kind": "Node", "metadata": {"name": name, "labels": labels}}
+    if addrs:
+        obj["status"] = {"addresses": addrs}
+    if pod_cidrs:
+        obj["spec"] = {"podCIDRs": pod_cidrs}
+    return obj
 
 
 def tracker_with(node_name: str, *objs: dict[str, Any]) -> ChangeTracker:

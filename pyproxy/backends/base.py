@@ -9,16 +9,20 @@ On each sync a backend's ``sync(request)`` receives a ``SyncRequest``:
   sync, after a node-label change, and every sync period to repair drift). A backend may
   always do more than asked, never less.
 
-``sync`` returns a ``SyncResult`` (whether it did a full sync and how many rules it owns and
-wrote, for metrics) or raises ``BackendError`` with a one-line, human-readable reason; the
-caller then logs it, retries with backoff and asks for a full sync next. Rules programmed by
-an earlier successful sync must stay in place when a sync fails.
+``sync`` returns a ``SyncResult`` (whether it did a full sync, which families it programmed,
+time spent rendering and applying) or raises ``BackendError`` with a one-line, human-readable
+reason; the caller then logs it, retries with backoff and asks for a full sync next. Rules
+programmed by an earlier successful sync must stay in place when a sync fails.
 
 ``render(state)`` returns, as text, exactly what a full sync would program, and must not
 touch the kernel: it backs ``pyproxy render`` and the rule tests.
 
 ``cleanup()`` removes everything the backend ever programmed and nothing else; it backs
 ``pyproxy cleanup`` and is called with no state, in a process of its own.
+
+``register_metrics(registry)`` adds the metric families the mode owns (upstream registers
+some only in some modes: iptables rule counts, nftables sync failures, ...) and the backend
+keeps them current itself; the core metrics know no backend.
 
 ``close()`` releases in-process resources (sockets, threads) at shutdown without removing
 rules, so a restart does not interrupt traffic.
@@ -30,7 +34,9 @@ import abc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pyproxy.model.types import NamespacedName, ProxyState
+from prometheus_client import CollectorRegistry
+
+from pyproxy.model.types import IPFamily, NamespacedName, ProxyState
 
 
 class BackendError(RuntimeError):
@@ -51,18 +57,12 @@ class SyncRequest:
 @dataclass(frozen=True)
 class SyncResult:
     full: bool
-    families: tuple[str, ...] = ("IPv4",)
-    """The IP families this sync programmed ("IPv4", "IPv6")."""
-    rules_total: Mapping[str, int] = field(default_factory=dict)
-    """Rules the backend owns after the sync, keyed "table/family"."""
-    rules_written: Mapping[str, int] = field(default_factory=dict)
-    """Rules written in this sync, keyed "table/family"."""
+    families: tuple[IPFamily, ...] = (IPFamily.IPV4,)
+    """The IP families this sync programmed."""
     render_seconds: float = 0.0
     apply_seconds: float = 0.0
-    no_local_endpoints: Mapping[str, int] = field(default_factory=dict)
-    """Services with a Local policy and no local endpoint, keyed "internal|external/family"."""
-    restore_failures: Mapping[str, tuple[int, int]] = field(default_factory=dict)
-    """Cumulative (failed restores, failed partial restores) per family."""
+    no_local_endpoints: Mapping[tuple[str, IPFamily], int] = field(default_factory=dict)
+    """Services with a Local policy and no local endpoint, by ("internal"|"external", family)."""
 
 
 class Backend(abc.ABC):
@@ -76,6 +76,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def cleanup(self) -> None: ...
+
+    def register_metrics(self, registry: CollectorRegistry) -> None:  # noqa: B027 - optional
+        """Register the metric families this mode owns."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release in-process resources; rules stay programmed."""

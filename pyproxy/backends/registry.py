@@ -1,33 +1,49 @@
-"""Mode name -> backend. A mode that is not built yet fails with a clear one-line error."""
+"""Mode name -> the factory that builds its backend from the configuration.
+
+Factories import their backend lazily, so a mode's dependencies (pyroute2's IPVS, asyncio
+relays) load only when that mode runs. A mode that is not built yet fails with one line.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 from pyproxy.backends.base import Backend, BackendUnavailable
-
-MODES = ("iptables", "ipvs", "userspace", "nftables")
-BUILT = ("iptables", "ipvs", "userspace")
+from pyproxy.config.settings import MODES, ProxyConfig
 
 
-def create(mode: str, options: dict[str, Any]) -> Backend:
-    """Build the backend for ``mode`` from mode-independent options (unused ones ignored)."""
-    if mode == "iptables":
-        from pyproxy.backends.iptables.backend import IptablesBackend, IptablesOptions
+def _iptables(cfg: ProxyConfig) -> Backend:
+    from pyproxy.backends.iptables.backend import IptablesBackend
 
-        known = IptablesOptions.__dataclass_fields__
-        return IptablesBackend(IptablesOptions(**{k: v for k, v in options.items() if k in known}))
-    if mode == "ipvs":
-        from pyproxy.backends.ipvs.backend import IpvsBackend, IpvsOptions
+    return IptablesBackend(cfg)
 
-        known = IpvsOptions.__dataclass_fields__
-        return IpvsBackend(IpvsOptions(**{k: v for k, v in options.items() if k in known}))
-    if mode == "userspace":
-        from pyproxy.backends.userspace.backend import UserspaceBackend
 
-        return UserspaceBackend(iptables_backend=str(options.get("iptables_backend", "auto")))
-    if mode in MODES:
-        raise BackendUnavailable(
-            f"--mode={mode} is not implemented yet (available: {', '.join(BUILT)})"
-        )
-    raise BackendUnavailable(f"unknown mode {mode!r} (choose from {', '.join(MODES)})")
+def _ipvs(cfg: ProxyConfig) -> Backend:
+    from pyproxy.backends.ipvs.backend import IpvsBackend
+
+    return IpvsBackend(cfg)
+
+
+def _userspace(cfg: ProxyConfig) -> Backend:
+    from pyproxy.backends.userspace.backend import UserspaceBackend
+
+    return UserspaceBackend(cfg)
+
+
+FACTORIES: dict[str, Callable[[ProxyConfig], Backend]] = {
+    "iptables": _iptables,
+    "ipvs": _ipvs,
+    "userspace": _userspace,
+}
+
+
+def create(cfg: ProxyConfig) -> Backend:
+    """The backend for ``cfg.mode``; BackendUnavailable (one line) for a mode not built."""
+    factory = FACTORIES.get(cfg.mode)
+    if factory is None:
+        if cfg.mode in MODES:
+            raise BackendUnavailable(
+                f"--mode={cfg.mode} is not implemented yet (available: {', '.join(FACTORIES)})"
+            )
+        raise BackendUnavailable(f"unknown mode {cfg.mode!r} (choose from {', '.join(MODES)})")
+    return factory(cfg)

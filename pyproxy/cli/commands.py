@@ -1,14 +1,16 @@
-"""Command line: ``pyproxy [flags]`` runs the daemon; ``render``, ``cleanup``, ``version``.
+"""Command line: ``pyproxy [flags]`` runs the daemon; ``render``, ``cleanup``, ``explain``,
+``status``, ``version``.
 
-Flag names follow kube-proxy's where the concept is the same. Every bad value ends with one
-line ``pyproxy: error: <flag>: <reason>`` and exit status 2, never a traceback.
+Flag names follow kube-proxy's where the concept is the same. Every flag is one entry of
+``pyproxy.config.load.SETTINGS``; the flags the user gave, a ``--config`` file and the
+defaults become one ``ProxyConfig``. Every bad value ends with one line
+``pyproxy: error: <flag or field>: <reason>`` and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,213 +20,129 @@ import yaml
 from pyproxy import __version__
 from pyproxy.backends import registry
 from pyproxy.backends.base import BackendError, BackendUnavailable
-from pyproxy.cli.options import (
-    OptionError,
-    Options,
-    default_config,
-    load_config_file,
-    node_name,
-    parse_bind_address,
-    parse_cidrs,
-    parse_duration,
-    parse_nodeport_addresses,
+from pyproxy.cli.logs import setup_logging
+from pyproxy.config.load import BY_NAME, ConfigError, default_document, load, node_name
+from pyproxy.config.settings import (
+    IPTABLES_BACKENDS,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    MODES,
+    DetectLocalMode,
+    ProxyConfig,
 )
-from pyproxy.kernel.iptables import IptablesError
+from pyproxy.model.types import ProxyState
 
-log = logging.getLogger("pyproxy")
-
-LEVELS = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-}
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        return json.dumps(
-            {
-                "ts": self.formatTime(record),
-                "level": record.levelname.lower(),
-                "logger": record.name,
-                "msg": record.getMessage(),
-            }
-        )
+def _default(name: str) -> Any:
+    return BY_NAME[name].default
 
 
-def setup_logging(level: str, fmt: str, verbosity: int | None) -> None:
-    lvl = LEVELS[level]
-    if verbosity is not None and verbosity >= 4:
-        lvl = logging.DEBUG
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        JsonFormatter()
-        if fmt == "json"
-        else logging.Formatter("%(asctime)s %(levelname).1s %(name)s: %(message)s")
-    )
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(lvl)
+def _opt(name: str, *decls: str, help: str, **kw: Any) -> Decorator:
+    """A click option for setting ``name``, with the table's flag and default."""
+    flag = BY_NAME[name].flag
+    names = list(decls) if any("/" in d for d in decls) else list(dict.fromkeys((flag, *decls)))
+    if "is_flag" not in kw and "type" not in kw:
+        kw["show_default"] = _default(name) not in (None, "")
+    return click.option(*names, name, default=_default(name), help=help, **kw)
 
 
-def _mode_option(f: Any) -> Any:
-    return click.option(
-        "--mode",
-        "--proxy-mode",
-        "mode",
-        default="iptables",
-        show_default=True,
-        type=click.Choice(registry.MODES),
-        help="Proxy backend.",
+def _mode_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return _opt(
+        "mode", "--mode", type=click.Choice(MODES), show_default=True, help="Proxy backend."
     )(f)
 
 
-def _rule_options(f: Any) -> Any:
-    for opt in reversed(
-        [
-            click.option(
-                "--manifests",
-                type=click.Path(file_okay=False),
-                default=None,
-                help="Read objects from the YAML files in DIR instead of an API server.",
-            ),
-            click.option(
-                "--hostname-override",
-                "--node",
-                "hostname_override",
-                default=None,
-                help="This node's name (default: the host name).",
-            ),
-            click.option(
-                "--cluster-cidr",
-                default="",
-                help="Pod CIDR(s), comma-separated per family; traffic from outside is "
-                "masqueraded.",
-            ),
-            click.option(
-                "--masquerade-all",
-                is_flag=True,
-                default=False,
-                help="SNAT all traffic sent to cluster IPs.",
-            ),
-            click.option(
-                "--iptables-masquerade-bit",
-                "masquerade_bit",
-                type=int,
-                default=14,
-                show_default=True,
-                help="Bit of the fwmark used for masquerading.",
-            ),
-            click.option(
-                "--nodeport-addresses",
-                default="",
-                help="CIDRs or all/primary/localhost that NodePorts accept (default all).",
-            ),
-            click.option(
-                "--iptables-localhost-nodeports/--no-iptables-localhost-nodeports",
-                "localhost_nodeports",
-                default=True,
-                show_default=True,
-                help="Accept NodePort connections to 127.0.0.1 (IPv4).",
-            ),
-            click.option(
-                "--iptables-backend",
-                type=click.Choice(["auto", "nft", "legacy"]),
-                default="auto",
-                show_default=True,
-                help="iptables back end (auto detects the one in use).",
-            ),
-            click.option(
-                "--config",
-                "config_file",
-                default=None,
-                help="KubeProxyConfiguration YAML file; flags override it.",
-            ),
-        ]
-    ):
+RULE_OPTIONS: tuple[Decorator, ...] = (
+    click.option(
+        "--manifests",
+        "manifests",
+        default=None,
+        type=click.Path(file_okay=False),
+        help="Read objects from the YAML files in DIR instead of an API server.",
+    ),
+    _opt("hostname_override", "--node", help="This node's name (default: the host name)."),
+    _opt("cluster_cidr", help="Pod CIDR(s), one per family; traffic from outside is masqueraded."),
+    _opt(
+        "detect_local_mode",
+        type=click.Choice([m.value for m in DetectLocalMode]),
+        show_default=True,
+        help="How pod traffic is recognised: --cluster-cidr, or the Node's spec.podCIDRs.",
+    ),
+    _opt("masquerade_all", is_flag=True, help="SNAT all traffic sent to cluster IPs."),
+    _opt(
+        "masquerade_bit",
+        type=int,
+        show_default=True,
+        help="Bit of the fwmark used for masquerading.",
+    ),
+    _opt(
+        "nodeport_addresses",
+        help="CIDRs, 'primary' (the Node's IPs) or 'localhost' that accept NodePorts; "
+        "default: every local address (nftables mode: primary).",
+    ),
+    _opt(
+        "localhost_nodeports",
+        "--iptables-localhost-nodeports/--no-iptables-localhost-nodeports",
+        show_default=True,
+        help="Accept NodePort connections to 127.0.0.1 (IPv4).",
+    ),
+    _opt(
+        "iptables_backend",
+        type=click.Choice(IPTABLES_BACKENDS),
+        show_default=True,
+        help="iptables back end (auto detects the one in use).",
+    ),
+    click.option(
+        "--config",
+        "config_file",
+        default=None,
+        help="KubeProxyConfiguration YAML file; flags override it.",
+    ),
+)
+
+
+def _rule_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    for opt in reversed(RULE_OPTIONS):
         f = opt(f)
     return f
 
 
-def _merge(ctx: click.Context, params: dict[str, Any]) -> Options:
-    """Defaults < config file < explicitly given flags."""
-    opts = Options()
-    if params.get("config_file"):
-        for k, v in load_config_file(params["config_file"]).items():
-            setattr(opts, k, v)
-    for k, v in params.items():
-        if not hasattr(opts, k):
-            continue
-        src = ctx.get_parameter_source(k)
-        if src is not None and src.name in ("DEFAULT", "DEFAULT_MAP") and params.get("config_file"):
-            continue
-        setattr(opts, k, v)
-    return opts
-
-
-def backend_options(opts: Options) -> dict[str, Any]:
-    if not 0 <= int(opts.masquerade_bit) <= 31:
-        raise OptionError("--iptables-masquerade-bit: must be within 0-31")
-    return {
-        "masquerade_bit": int(opts.masquerade_bit),
-        "masquerade_all": bool(opts.masquerade_all),
-        "cluster_cidrs": parse_cidrs("--cluster-cidr", str(opts.cluster_cidr or "")),
-        "localhost_nodeports": bool(opts.localhost_nodeports),
-        "nodeport_addresses": parse_nodeport_addresses(
-            "--nodeport-addresses", opts.nodeport_addresses or ""
-        ),
-        "iptables_backend": opts.iptables_backend,
-        "ipvs_scheduler": opts.ipvs_scheduler,
-        "ipvs_strict_arp": bool(opts.ipvs_strict_arp),
+def _config(ctx: click.Context, params: dict[str, Any], **fixed: Any) -> ProxyConfig:
+    """Flags the user gave (not click's defaults) over --config over the defaults."""
+    given = {
+        k: v
+        for k, v in params.items()
+        if k in BY_NAME
+        and ctx.get_parameter_source(k) not in (None, click.core.ParameterSource.DEFAULT)
     }
+    return load({**given, **fixed}, params.get("config_file"))
 
 
-def _manifests_dir(value: str | None) -> Path | None:
-    if value is None:
-        return None
-    p = Path(value)
-    if not p.is_dir():
-        raise OptionError(f"--manifests: {value} is not a readable directory")
-    return p
+def load_manifest_state(directory: Path, node: str) -> ProxyState:
+    from pyproxy.sources.manifests import ManifestsSource
+    from pyproxy.sync.tracker import ChangeTracker
+
+    tracker = ChangeTracker(node)
+    ManifestsSource(directory, tracker.apply).initial()
+    return tracker.current_state()
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @_mode_option
 @_rule_options
-@click.option("--kubeconfig", default=None, help="Path to a kubeconfig file.")
-@click.option("--master", default=None, help="API server address (overrides the kubeconfig).")
-@click.option(
-    "--min-sync-period",
-    "--iptables-min-sync-period",
-    "min_sync_period",
-    default="1s",
-    show_default=True,
-    help="Minimum interval between syncs.",
-)
-@click.option(
-    "--sync-period",
-    "--iptables-sync-period",
-    "sync_period",
-    default="30s",
-    show_default=True,
-    help="Maximum interval between syncs (a full resync).",
-)
-@click.option("--ipvs-scheduler", default="rr", show_default=True, help="IPVS scheduler.")
-@click.option(
-    "--ipvs-strict-arp",
-    "ipvs_strict_arp",
-    is_flag=True,
-    default=False,
-    help="Set arp_ignore=1 and arp_announce=2 (ipvs mode).",
-)
-@click.option("--metrics-bind-address", default="127.0.0.1:10249", show_default=True)
-@click.option("--healthz-bind-address", default="0.0.0.0:10256", show_default=True)
+@_opt("kubeconfig", help="Path to a kubeconfig file.")
+@_opt("master", help="API server address (overrides the kubeconfig).")
+@_opt("min_sync_period", "--iptables-min-sync-period", help="Minimum interval between syncs.")
+@_opt("sync_period", "--iptables-sync-period", help="Maximum interval between syncs.")
+@_opt("ipvs_scheduler", help="IPVS scheduler.")
+@_opt("ipvs_strict_arp", is_flag=True, help="Set arp_ignore=1 and arp_announce=2 (ipvs mode).")
+@_opt("metrics_bind_address", help="host:port for /metrics; empty disables it.")
+@_opt("healthz_bind_address", help="host:port for /healthz and /livez; empty disables it.")
 @click.option("--v", "verbosity", type=int, default=None, help="klog-style verbosity (4+ = debug).")
-@click.option("--log-level", type=click.Choice(list(LEVELS)), default="info", show_default=True)
-@click.option(
-    "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
-)
+@_opt("log_level", type=click.Choice(LOG_LEVELS), show_default=True, help="Log level.")
+@_opt("log_format", type=click.Choice(LOG_FORMATS), show_default=True, help="Log format.")
 @click.option("--write-config-to", default=None, help="Write the default configuration and exit.")
 @click.pass_context
 def cli(ctx: click.Context, /, **params: Any) -> None:
@@ -233,48 +151,15 @@ def cli(ctx: click.Context, /, **params: Any) -> None:
         return
     if params["write_config_to"]:
         Path(params["write_config_to"]).write_text(
-            yaml.safe_dump(default_config(), sort_keys=False)
+            yaml.safe_dump(default_document(), sort_keys=False)
         )
         return
-    verbosity = params.pop("verbosity")
-    setup_logging(params["log_level"], params["log_format"], verbosity)
-    opts = _merge(ctx, params)
-    from pyproxy.cli.daemon import Daemon, DaemonConfig
+    setup_logging(params["log_level"], params["log_format"], params["verbosity"])
+    cfg = _config(ctx, params)
+    setup_logging(cfg.log_level, cfg.log_format, params["verbosity"])
+    from pyproxy.cli.daemon import Daemon
 
-    bopts = backend_options(opts)
-    metrics_address = parse_bind_address("--metrics-bind-address", opts.metrics_bind_address)
-    healthz_address = parse_bind_address("--healthz-bind-address", opts.healthz_bind_address)
-    min_sync = parse_duration("--min-sync-period", opts.min_sync_period)
-    sync = parse_duration("--sync-period", opts.sync_period)
-    if sync <= 0:
-        raise OptionError("--sync-period: must be greater than 0")
-    if min_sync > sync:
-        raise OptionError("--min-sync-period: must not exceed --sync-period")
-    manifests = _manifests_dir(opts.manifests)
-    if manifests is None and opts.kubeconfig and not Path(opts.kubeconfig).is_file():
-        raise OptionError(f"--kubeconfig: {opts.kubeconfig} is not a readable file")
-    cfg = DaemonConfig(
-        mode=opts.mode,
-        node_name=node_name(opts.hostname_override),
-        min_sync_period=min_sync,
-        sync_period=sync,
-        backend_options=bopts,
-        manifests=manifests,
-        kubeconfig=opts.kubeconfig,
-        master=opts.master,
-        metrics_address=metrics_address,
-        healthz_address=healthz_address,
-    )
     ctx.exit(Daemon(cfg).run())
-
-
-def load_manifest_state(directory: Path, node: str) -> Any:
-    from pyproxy.sources.manifests import ManifestsSource
-    from pyproxy.sync.tracker import ChangeTracker
-
-    tracker = ChangeTracker(node)
-    ManifestsSource(directory, tracker.apply).initial()
-    return tracker.current_state()
 
 
 @cli.command()
@@ -284,23 +169,21 @@ def load_manifest_state(directory: Path, node: str) -> Any:
 def render(ctx: click.Context, /, **params: Any) -> None:
     """Print the rules the backend would program for --manifests DIR; touches nothing."""
     setup_logging("warning", "text", None)
-    opts = _merge(ctx, params)
-    manifests = _manifests_dir(opts.manifests)
-    if manifests is None:
-        raise OptionError("--manifests: required for render")
-    backend = registry.create(opts.mode, backend_options(opts))
-    state = load_manifest_state(manifests, node_name(opts.hostname_override))
+    cfg = _config(ctx, params)
+    if cfg.source.manifests is None:
+        raise ConfigError("--manifests: required for render")
+    backend = registry.create(cfg)
+    state = load_manifest_state(cfg.source.manifests, cfg.node_name)
     click.echo(backend.render(state), nl=False)
 
 
 @cli.command()
 @_mode_option
-@click.option("--iptables-backend", type=click.Choice(["auto", "nft", "legacy"]), default="auto")
+@_opt("iptables_backend", type=click.Choice(IPTABLES_BACKENDS), help="iptables back end.")
 def cleanup(mode: str, iptables_backend: str) -> None:
     """Remove everything pyproxy programmed for --mode (kube-proxy's --cleanup)."""
     setup_logging("info", "text", None)
-    backend = registry.create(mode, {"iptables_backend": iptables_backend})
-    backend.cleanup()
+    registry.create(ProxyConfig(mode=mode, iptables_backend=iptables_backend)).cleanup()
     click.echo(f"pyproxy: cleaned up {mode} rules")
 
 
@@ -316,20 +199,22 @@ def explain_cmd(service: str, manifests: str | None, hostname_override: str | No
     setup_logging("warning", "text", None)
     ns, slash, rest = service.partition("/")
     if not slash or not ns or not rest:
-        raise OptionError(f"SERVICE: {service!r} is not namespace/name[:port]")
+        raise ConfigError(f"SERVICE: {service!r} is not namespace/name[:port]")
     name, _, port = rest.partition(":")
-    directory = _manifests_dir(manifests)
-    if directory is None:
-        raise OptionError("--manifests: required for explain")
+    if manifests is None:
+        raise ConfigError("--manifests: required for explain")
+    directory = Path(manifests)
+    if not directory.is_dir():
+        raise ConfigError(f"--manifests: {manifests} is not a readable directory")
     state = load_manifest_state(directory, node_name(hostname_override))
     click.echo(explain(state, NamespacedName(ns, name), port or None), nl=False)
 
 
 @cli.command()
-@click.option("--iptables-backend", type=click.Choice(["auto", "nft", "legacy"]), default="auto")
+@_opt("iptables_backend", type=click.Choice(IPTABLES_BACKENDS), help="iptables back end.")
 def status(iptables_backend: str) -> None:
     """Connections per service and endpoint, from the programmed rules' counters."""
-    from pyproxy.kernel.iptables import Iptables, detect_backend
+    from pyproxy.kernel.iptables import Iptables, IptablesError, detect_backend
     from pyproxy.tools.status import read, report
 
     setup_logging("warning", "text", None)
@@ -356,17 +241,13 @@ def main(argv: list[str] | None = None) -> None:
         _fail(f"{name}: {err.message}")
     except click.UsageError as err:
         _fail(err.message)
-    except OptionError as err:
+    except ConfigError as err:
         _fail(str(err))
-    except BackendUnavailable as err:
-        _fail(str(err), code=1)
     except BackendError as err:
         _fail(str(err), code=1)
     except click.exceptions.Exit as err:
         sys.exit(err.exit_code)
-    except click.exceptions.Abort:
-        sys.exit(130)
-    except KeyboardInterrupt:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         sys.exit(130)
 
 

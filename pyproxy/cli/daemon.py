@@ -11,14 +11,15 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType
-from typing import Any
+
+from prometheus_client import CollectorRegistry
 
 from pyproxy.backends import registry
 from pyproxy.backends.base import Backend
+from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.events import Event
+from pyproxy.model.types import IPFamily
 from pyproxy.serving.health import (
     ProxyHealth,
     ServiceHealthServer,
@@ -37,24 +38,10 @@ log = logging.getLogger(__name__)
 FAILURES_BEFORE_EVENT = 3
 
 
-@dataclass(frozen=True)
-class DaemonConfig:
-    mode: str
-    node_name: str
-    min_sync_period: float
-    sync_period: float
-    backend_options: dict[str, Any]
-    manifests: Path | None = None
-    kubeconfig: str | None = None
-    master: str | None = None
-    metrics_address: tuple[str, int] | None = ("127.0.0.1", 10249)
-    healthz_address: tuple[str, int] | None = ("0.0.0.0", 10256)
-
-
 class Daemon:
-    def __init__(self, cfg: DaemonConfig, backend: Backend | None = None) -> None:
+    def __init__(self, cfg: ProxyConfig, backend: Backend | None = None) -> None:
         self.cfg = cfg
-        self.backend = backend or registry.create(cfg.mode, cfg.backend_options)
+        self.backend = backend or registry.create(cfg)
         self.tracker = ChangeTracker(cfg.node_name)
         self.syncer = Syncer(self.tracker, self.backend, full_sync_period=cfg.sync_period)
         self.runner = BoundedFrequencyRunner(
@@ -63,7 +50,8 @@ class Daemon:
             cfg.sync_period,
             retry_min=max(cfg.min_sync_period, 1.0),
         )
-        self.metrics = Metrics(cfg.mode)
+        self.metrics = Metrics(CollectorRegistry())
+        self.backend.register_metrics(self.metrics.registry)
         self.health = ProxyHealth(timeout=2 * cfg.sync_period)
         host = cfg.healthz_address[0] if cfg.healthz_address else "0.0.0.0"
         self.service_health = ServiceHealthServer(
@@ -74,7 +62,7 @@ class Daemon:
         self.syncer.listeners.append(self._on_sync)
         self.stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._families: tuple[str, ...] = ("IPv4",)
+        self._families: tuple[IPFamily, ...] = (IPFamily.IPV4,)
         self.post_event: Callable[[str, str, str], None] | None = None
 
     # ---- event plumbing ---------------------------------------------------------------
@@ -131,15 +119,15 @@ class Daemon:
                 log.error("cannot serve metrics on %s:%d: %s", *self.cfg.metrics_address, err)
 
     def start_sources(self) -> None:
-        if self.cfg.manifests is not None:
-            src = ManifestsSource(self.cfg.manifests, self._sink)
+        if self.cfg.source.manifests is not None:
+            src = ManifestsSource(self.cfg.source.manifests, self._sink)
             t = threading.Thread(target=src.run, args=(self.stop,), name="manifests", daemon=True)
             t.start()
             self._threads.append(t)
             return
         from pyproxy.sources.apiserver import ApiServerSource, EventRecorder, load_client
 
-        api = load_client(self.cfg.kubeconfig, self.cfg.master)
+        api = load_client(self.cfg.source.kubeconfig, self.cfg.source.master)
         source = ApiServerSource(api, self.cfg.node_name, self._sink)
         source.on_reconnect = lambda kind: self.metrics.reconnects.labels(kind).inc()
         source.on_relist = lambda kind: self.metrics.relists.labels(kind).inc()
@@ -163,7 +151,7 @@ class Daemon:
             "pyproxy starting: mode=%s node=%s source=%s",
             self.cfg.mode,
             self.cfg.node_name,
-            self.cfg.manifests or "apiserver",
+            self.cfg.source.manifests or "apiserver",
         )
         self.health.updated()  # as upstream: healthy while starting up
         self.start_servers()

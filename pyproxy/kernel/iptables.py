@@ -12,7 +12,7 @@ import logging
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,17 @@ class Iptables:
             raise IptablesError(f"{self._tool('-save')} -t {table}: {res.stderr.strip()}")
         return res.stdout
 
+    def works(self, timeout: float = 20) -> bool:
+        """True when this tool can list the nat table here (the IPv6 probe, and the check
+        that a back end is usable at all)."""
+        if not self.available():
+            return False
+        try:
+            res = self.run("-t", "nat", "-S", "POSTROUTING", check=False, timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return res.returncode == 0
+
     def chain_exists(self, table: str, chain: str) -> bool:
         return self.run("-t", table, "-S", chain, "1", check=False).returncode == 0
 
@@ -85,28 +96,24 @@ class Iptables:
             if res.returncode != 0 and "exists" not in res.stderr:
                 raise IptablesError(f"cannot create {table}/{chain}: {res.stderr.strip()}")
 
-    def ensure_rule_first(self, table: str, chain: str, args: list[str]) -> None:
-        """Prepend ``args`` to ``chain`` unless an identical rule is already there."""
-        if self.run("-t", table, "-C", chain, *args, check=False).returncode != 0:
-            self.run("-t", table, "-I", chain, "1", *args)
-
-    def ensure_jumps(self, jumps: Iterable[tuple[str, str, list[str]]]) -> None:
-        """Prepend each (table, chain, args) rule that is missing, reading each built-in chain
-        once (``-S``) instead of one ``-C`` per rule: process start-up dominates on slow hosts.
-        A rule counts as present when a line has its comment and jumps to its target."""
-        listings: dict[tuple[str, str], list[str]] = {}
-        for table, chain, args in jumps:
+    def ensure_rules_first(self, rules: Iterable[tuple[str, str, Sequence[str]]]) -> int:
+        """Prepend each (table, chain, args) rule that is missing, in the given order (so
+        a later one ends up above an earlier one in the same chain, as repeated
+        ``-I chain 1`` would do). Each built-in chain is listed once (``-S``) and a rule
+        counts as present only when a listed line equals it exactly. Returns how many
+        rules were inserted."""
+        listings: dict[tuple[str, str], set[str]] = {}
+        inserted = 0
+        for table, chain, args in rules:
             if (table, chain) not in listings:
-                listings[(table, chain)] = self.run(
-                    "-t", table, "-S", chain, check=False
-                ).stdout.splitlines()
-            target = args[args.index("-j") + 1]
-            comment = args[args.index("--comment") + 1] if "--comment" in args else ""
-            if not any(
-                line.endswith(f"-j {target}") and comment in line
-                for line in listings[(table, chain)]
-            ):
+                res = self.run("-t", table, "-S", chain, check=False)
+                listings[(table, chain)] = set(res.stdout.splitlines())
+            line = rule_line(chain, args)
+            if line not in listings[(table, chain)]:
                 self.run("-t", table, "-I", chain, "1", *args)
+                listings[(table, chain)].add(line)
+                inserted += 1
+        return inserted
 
     def delete_rule(self, table: str, chain: str, args: list[str]) -> bool:
         """Delete every copy of a rule; True if one existed."""
@@ -116,17 +123,13 @@ class Iptables:
         return found
 
 
+def rule_line(chain: str, args: Sequence[str]) -> str:
+    """``-A CHAIN args`` as iptables -S and iptables-save print it (quoted comments)."""
+    return " ".join(["-A", chain, *(f'"{a}"' if " " in a else a for a in args)])
+
+
 def chains_in_save(save_text: str) -> set[str]:
     return {line[1:].split(" ", 1)[0] for line in save_text.splitlines() if line.startswith(":")}
-
-
-def _works(ipt: Iptables) -> bool:
-    if not ipt.available():
-        return False
-    try:
-        return ipt.run("-t", "nat", "-S", "POSTROUTING", check=False, timeout=20).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
 
 
 def _kube_rule_count(ipt: Iptables) -> int:
@@ -140,12 +143,12 @@ def _kube_rule_count(ipt: Iptables) -> int:
 def detect_backend(requested: str = "auto") -> str:
     """Pick "nft" or "legacy"; raise IptablesError when neither can be used."""
     if requested in BACKENDS:
-        if not _works(Iptables(requested)):
+        if not Iptables(requested).works():
             raise IptablesError(f"iptables back end {requested!r} is not usable on this host")
         return requested
     if requested != "auto":
         raise IptablesError(f"unknown iptables back end {requested!r} (auto, nft, legacy)")
-    usable = [b for b in BACKENDS if _works(Iptables(b))]
+    usable = [b for b in BACKENDS if Iptables(b).works()]
     if not usable:
         raise IptablesError("neither iptables-nft nor iptables-legacy works on this host")
     if len(usable) == 1:
@@ -172,7 +175,7 @@ def working_tables() -> list[Iptables]:
     for backend in BACKENDS:
         for ipv6 in (False, True):
             ipt = Iptables(backend, ipv6=ipv6)
-            if _works(ipt):
+            if ipt.works():
                 out.append(ipt)
     return out
 

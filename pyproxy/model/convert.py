@@ -317,10 +317,30 @@ def _parse_time(value: Any) -> float | None:
         return None
 
 
+def _node_addresses(ref: str, status: Any) -> tuple[IPAddress, ...]:
+    """InternalIPs, then ExternalIPs (upstream's GetNodeHostIPs order); bad ones dropped."""
+    entries = status.get("addresses") if isinstance(status, Mapping) else None
+    if not isinstance(entries, list):
+        return ()
+    out: list[IPAddress] = []
+    for wanted in ("InternalIP", "ExternalIP"):
+        for entry in entries:
+            if not isinstance(entry, Mapping) or entry.get("type") != wanted:
+                continue
+            try:
+                out.append(_parse_ip(entry.get("address")))
+            except ValueError:
+                log.warning("Node %s: ignoring invalid %s %r", ref, wanted, entry.get("address"))
+    return tuple(out)
+
+
 def node_info(obj: Obj) -> NodeInfo:
     key = object_key(obj, "Node")
+    ref = object_ref(obj)
     meta = obj.get("metadata") or {}
-    taints = ((obj.get("spec") or {}).get("taints")) or []
+    spec = obj.get("spec") or {}
+    taints = spec.get("taints") or []
+    raw_cidrs = spec.get("podCIDRs") or ([spec["podCIDR"]] if spec.get("podCIDR") else [])
     return NodeInfo(
         name=key.name,
         labels=dict(meta.get("labels") or {}),
@@ -328,4 +348,6 @@ def node_info(obj: Obj) -> NodeInfo:
         tainted_for_deletion=any(
             isinstance(t, Mapping) and t.get("key") == TO_BE_DELETED_TAINT for t in taints
         ),
+        addresses=_node_addresses(ref, obj.get("status")),
+        pod_cidrs=_filter_valid("Node", ref, "spec.podCIDRs", raw_cidrs, _parse_cidr),
     )

@@ -153,13 +153,22 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """What the proxy needs to know about its own node."""
+    """What the proxy needs to know about its own node.
+
+    ``addresses`` and ``pod_cidrs`` come from the Node object (a source); ``local_addresses``
+    are this host's interface addresses, which only the kernel layer knows: a backend adds
+    them to the state before it renders, so rendering itself never asks the kernel.
+    """
 
     name: str
     labels: Mapping[str, str] = field(default_factory=dict)
     deleting: bool = False
     tainted_for_deletion: bool = False
     exists: bool = True
+    addresses: tuple[IPAddress, ...] = ()
+    """``status.addresses``: InternalIPs first, then ExternalIPs, as upstream orders them."""
+    pod_cidrs: tuple[IPNetwork, ...] = ()
+    local_addresses: tuple[IPAddress, ...] = ()
 
     @property
     def zone(self) -> str:
@@ -169,6 +178,17 @@ class NodeInfo:
     def eligible(self) -> bool:
         """Upstream's /healthz node eligibility: not being deleted nor drained by the autoscaler."""
         return not self.deleting and not self.tainted_for_deletion
+
+    def primary_ip(self, family: IPFamily) -> IPAddress | None:
+        """The node's IP of ``family`` (upstream's GetNodeHostIPs: first InternalIP, else
+        first ExternalIP), or None when the Node object names none."""
+        return next((ip for ip in self.addresses if IPFamily.of(ip) is family), None)
+
+    def pod_cidr(self, family: IPFamily) -> IPNetwork | None:
+        return next((c for c in self.pod_cidrs if IPFamily.of(c) is family), None)
+
+    def with_local_addresses(self, addresses: tuple[IPAddress, ...]) -> NodeInfo:
+        return replace(self, local_addresses=addresses)
 
 
 @dataclass(frozen=True)

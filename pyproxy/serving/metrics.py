@@ -1,9 +1,11 @@
-"""Prometheus metrics with kube-proxy's names, types, labels and buckets
-(pkg/proxy/metrics/metrics.go), so existing dashboards and alerts keep working; plus a few of
-pyproxy's own (``pyproxy_*``): render vs apply time, skipped objects, watch reconnects.
+"""The core Prometheus metrics, registered in every mode, with kube-proxy's names, types,
+labels and buckets (pkg/proxy/metrics/metrics.go ``RegisterMetrics``), so existing dashboards
+and alerts keep working; plus a few of pyproxy's own (``pyproxy_*``): render vs apply time,
+skipped objects, watch reconnects.
 
-Fed by ``SyncRecord``s from the syncer and by the tracker's pending counts; nothing here
-knows a backend.
+Fed by ``SyncRecord``s from the syncer and by the tracker's pending counts. The families only
+some modes have (iptables rule counts, full/partial durations, ...) are registered and kept by
+the backend itself (``Backend.register_metrics``): nothing here knows a backend.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from pyproxy.backends.metrics import FAMILY, SYNC_BUCKETS
+from pyproxy.model.types import IPFamily
 from pyproxy.sync.syncer import SyncRecord
 
-SYNC_BUCKETS = tuple(0.001 * 2**i for i in range(15))  # ExponentialBuckets(0.001, 2, 15)
 NETWORK_PROGRAMMING_BUCKETS = (
     0.25,
     0.5,
@@ -22,31 +25,14 @@ NETWORK_PROGRAMMING_BUCKETS = (
     *(float(i) for i in range(60, 120, 5)),
     *(float(i) for i in range(120, 301, 30)),
 )
-FAMILY = ("ip_family",)
 
 
 class Metrics:
-    def __init__(self, mode: str, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.mode = mode
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = r = registry
         self.sync_duration = Histogram(
             "kubeproxy_sync_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds",
-            FAMILY,
-            buckets=SYNC_BUCKETS,
-            registry=r,
-        )
-        self.full_duration = Histogram(
-            "kubeproxy_sync_full_proxy_rules_duration_seconds",
-            "SyncProxyRules latency in seconds for full resyncs",
-            FAMILY,
-            buckets=SYNC_BUCKETS,
-            registry=r,
-        )
-        self.partial_duration = Histogram(
-            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
-            "SyncProxyRules latency in seconds for partial resyncs",
             FAMILY,
             buckets=SYNC_BUCKETS,
             registry=r,
@@ -103,30 +89,6 @@ class Metrics:
         self.livez = Counter(
             "kubeproxy_proxy_livez", "Cumulative proxy livez HTTP status", ("code",), registry=r
         )
-        self.restore_failures = Counter(
-            "kubeproxy_sync_proxy_rules_iptables_restore_failures",
-            "Cumulative proxy iptables restore failures",
-            FAMILY,
-            registry=r,
-        )
-        self.partial_restore_failures = Counter(
-            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures",
-            "Cumulative proxy iptables partial restore failures",
-            FAMILY,
-            registry=r,
-        )
-        self.rules_total = Gauge(
-            "kubeproxy_sync_proxy_rules_iptables_total",
-            "Total number of iptables rules owned by kube-proxy",
-            ("table", "ip_family"),
-            registry=r,
-        )
-        self.rules_last = Gauge(
-            "kubeproxy_sync_proxy_rules_iptables_last",
-            "Number of iptables rules written by kube-proxy in last sync",
-            ("table", "ip_family"),
-            registry=r,
-        )
         # pyproxy's own
         self.phase = Histogram(
             "pyproxy_sync_phase_duration_seconds",
@@ -152,10 +114,10 @@ class Metrics:
         )
         self.sync_failures = Counter("pyproxy_sync_failures", "Syncs that failed", registry=r)
 
-    def queued(self, families: tuple[str, ...]) -> None:
+    def queued(self, families: tuple[IPFamily, ...]) -> None:
         now = time.time()
         for fam in families:
-            self.last_queued.labels(fam).set(now)
+            self.last_queued.labels(fam.value).set(now)
 
     def pending(self, services: int, endpoints: int) -> None:
         self.service_pending.set(services)
@@ -171,33 +133,9 @@ class Metrics:
         self.phase.labels("render").observe(res.render_seconds)
         self.phase.labels("apply").observe(res.apply_seconds)
         for fam in res.families:
-            self.sync_duration.labels(fam).observe(rec.duration)
-            (self.full_duration if res.full else self.partial_duration).labels(fam).observe(
-                rec.duration
-            )
-            self.last_timestamp.labels(fam).set(rec.finished)
+            self.sync_duration.labels(fam.value).observe(rec.duration)
+            self.last_timestamp.labels(fam.value).set(rec.finished)
             for latency in rec.latencies:
-                self.network_programming.labels(fam).observe(latency)
-        # kubeproxy_sync_proxy_rules_iptables_* count iptables rules only (filter, nat), as
-        # upstream; IPVS mode's virtual-server counts are not iptables rules.
-        for gauge, counts in (
-            (self.rules_total, res.rules_total),
-            (self.rules_last, res.rules_written),
-        ):
-            for key, value in counts.items():
-                table, _, fam = key.partition("/")
-                if table in ("filter", "nat"):
-                    gauge.labels(table, fam or "IPv4").set(value)
-        for key, value in res.no_local_endpoints.items():
-            policy, _, fam = key.partition("/")
-            self.no_local_endpoints.labels(policy, fam or "IPv4").set(value)
-        for fam, (failures, partial) in res.restore_failures.items():
-            self._set_counter(self.restore_failures.labels(fam), failures)
-            self._set_counter(self.partial_restore_failures.labels(fam), partial)
-
-    @staticmethod
-    def _set_counter(counter: Counter, value: float) -> None:
-        """Advance a counter to a cumulative value the backend keeps."""
-        current = counter._value.get()
-        if value > current:
-            counter.inc(value - current)
+                self.network_programming.labels(fam.value).observe(latency)
+        for (policy, fam), value in res.no_local_endpoints.items():
+            self.no_local_endpoints.labels(policy, fam.value).set(value)

@@ -11,9 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pyproxy.backends.base import Backend, BackendError, SyncRequest, SyncResult
 from pyproxy.model.types import ProxyState
@@ -37,12 +36,12 @@ class SyncRecord:
     error: str = ""
     result: SyncResult | None = None
     state: ProxyState | None = None
-    """The state this sync programmed (successful syncs only)."""
+    """The state this sync programmed (successful syncs only); handed to listeners, not
+    kept."""
 
 
 @dataclass
 class SyncStats:
-    records: deque[SyncRecord] = field(default_factory=lambda: deque(maxlen=256))
     syncs: int = 0
     full_syncs: int = 0
     failures: int = 0
@@ -142,7 +141,6 @@ class Syncer:
 
     def _record(self, rec: SyncRecord) -> None:
         s = self.stats
-        s.records.append(rec)
         s.syncs += 1
         if rec.ok:
             s.last_success = rec.finished

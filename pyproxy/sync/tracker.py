@@ -50,14 +50,6 @@ class Changes:
     first_seen: float | None = None
     """Monotonic time the oldest change in this batch was seen (None if nothing changed)."""
 
-    @property
-    def changed_ports(self) -> frozenset[ServicePortName]:
-        return frozenset(
-            spn
-            for spn in set(self.state.services) | set(self.state.endpoints)
-            if spn.service in self.changed_services
-        )
-
 
 def _merge_endpoints(slices: Sequence[convert.SliceInfo]) -> EndpointsOfService:
     merged: dict[ServicePortName, dict[str, Endpoint]] = {}

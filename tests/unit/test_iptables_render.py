@@ -15,15 +15,25 @@ import ipaddress
 
 from pyproxy.backends.iptables.backend import partial_text
 from pyproxy.backends.iptables.render import IptablesConfig, render
+from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.types import NamespacedName
-from tests.helpers import endpoint, endpoint_slice, parse_restore, port, service, tracker_with
+from tests.helpers import (
+    endpoint,
+    endpoint_slice,
+    node,
+    parse_restore,
+    port,
+    service,
+    tracker_with,
+)
 
 NODE = "test-node"
 CFG = IptablesConfig(
-    cluster_cidrs=(ipaddress.ip_network("10.0.0.0/8"),),
+    proxy=ProxyConfig(cluster_cidrs=(ipaddress.ip_network("10.0.0.0/8"),)),
     random_fully=False,
-    node_ips=(ipaddress.ip_address("192.168.0.2"),),
 )
+# Upstream's fake proxier has node IP 192.168.0.2; here that is the Node object's InternalIP.
+NODE_OBJ = node(NODE, addresses=["192.168.0.2"])
 
 UPSTREAM_OVERALL = """
 *filter
@@ -127,6 +137,7 @@ COMMIT
 def overall_objects() -> list[dict]:
     p80 = [port("p80", 80)]
     return [
+        NODE_OBJ,
         service("ns1", "svc1", "172.30.0.41", [port("p80", 80)]),
         service(
             "ns2",
@@ -224,6 +235,7 @@ COMMIT
 
 def repeated_objects(with_svc3: bool = False) -> list[dict]:
     objs = [
+        NODE_OBJ,
         service("ns1", "svc1", "172.30.0.41", [port("p80", 80)]),
         service("ns2", "svc2", "172.30.0.42", [port("p8080", 8080)]),
         endpoint_slice("ns1", "svc1", "svc1-1", [endpoint("10.0.1.1")], [port("p80", 80)]),

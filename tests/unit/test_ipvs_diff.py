@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import replace
 
 from pyproxy.backends.ipvs.diff import CurrentDest, CurrentService, plan
 from pyproxy.backends.ipvs.render import Desired, IpvsConfig, VirtualServer, render
@@ -109,14 +110,17 @@ def test_render_policies_and_affinity() -> None:
             [port("http", 8080)],
         ),
     ]
-    cfg = IpvsConfig(node_ips=(ipaddress.ip_address("192.168.0.5"),))
-    d = render(tracker_with("n1", *objs).current_state(), cfg)
+    state = tracker_with("n1", *objs).current_state()
+    local = (ipaddress.ip_address("192.168.0.5"), ipaddress.ip_address("127.0.0.1"))
+    state = replace(state, node=state.node.with_local_addresses(local))
+    d = render(state, IpvsConfig())
     cluster = d.services[(TCP, "10.96.0.10", 80)]
     nodeport = d.services[(TCP, "192.168.0.5", 30080)]
     assert set(cluster.dests) == {("10.1.0.1", 8080), ("10.1.0.2", 8080)}
     assert set(nodeport.dests) == {("10.1.0.1", 8080)}  # eTP=Local: this node's only
     assert cluster.timeout == 99 == nodeport.timeout
     assert d.addresses == {"10.96.0.10"}  # node addresses are not bound to kube-ipvs0
+    assert (TCP, "127.0.0.1", 30080) not in d.services  # IPVS has no loopback NodePorts
     assert d.ipsets["KUBE-NODE-PORT-LOCAL-TCP"] == {(30080,)}
     assert ("10.96.0.10", "tcp:80") in d.ipsets["KUBE-CLUSTER-IP"]
     assert "TCP  10.96.0.10:80 rr persistent 99" in d.listing()

@@ -68,7 +68,8 @@ def test_changed_set_names_only_changed_services() -> None:
     ch = t.take()
     assert ch.changed_services == {WEB}
     assert ch.endpoint_changes == 1 and ch.service_changes == 0
-    assert [str(e) for e in ch.state.endpoints[next(iter(ch.changed_ports))]] == ["10.1.0.2:8080"]
+    (changed_port,) = [spn for spn in ch.state.endpoints if spn.service == WEB]
+    assert [str(e) for e in ch.state.endpoints[changed_port]] == ["10.1.0.2:8080"]
 
 
 def test_slices_merge_and_dedupe() -> None:

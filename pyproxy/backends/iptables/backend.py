@@ -1,4 +1,4 @@
-"""The iptables backend: renders with ``render`` and applies through ``pyproxy.kernel``.
+"""The iptables backend: renders with ``render`` and applies through the iptables toolkit.
 
 Each sync is one ``iptables-restore --noflush`` transaction per IP family, holding the filter
 and nat tables, so the kernel never shows half a rule set and a failed restore leaves the
@@ -11,74 +11,61 @@ partial sync rewrites only the changed services' own chains and turns the top-le
 changes into ``-D``/``-I`` of just the lines that changed; the tail rule of KUBE-SERVICES
 (the NodePort jump) never moves because new lines are inserted at the head. If a partial
 restore fails (drift: a rule we expected is gone) the same sync falls back to a full one.
-A full sync runs at start, after any failure, on node-label changes, when the canary chain
-disappears (someone flushed the tables) and every sync period.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from pyproxy.backends.base import Backend, BackendError, BackendUnavailable, SyncRequest, SyncResult
+from prometheus_client import CollectorRegistry, Gauge
+
+from pyproxy.backends.base import Backend, BackendError, SyncRequest, SyncResult
 from pyproxy.backends.iptables import names
 from pyproxy.backends.iptables.render import (
     FILTER_TOP,
+    JUMP_RULES,
     KUBE_FIREWALL,
-    KUBE_MARK_MASQ,
-    KUBE_PROXY_CANARY,
     KUBE_SERVICES,
+    KUBELET_FIREWALL_JUMPS,
     NAT_TOP,
     IptablesConfig,
     Rendered,
     render,
 )
+from pyproxy.backends.metrics import FAMILY, RestoreFailures, SyncDurations
 from pyproxy.backends.stale_conntrack import stale_filters
-from pyproxy.kernel import addresses, conntrack, sysctl
-from pyproxy.kernel.iptables import (
-    Iptables,
-    IptablesError,
-    chains_in_save,
-    detect_backend,
-    extract_lines,
-    remove_chains,
-    working_tables,
+from pyproxy.backends.xtables.rules import KUBE_MARK_MASQ, KUBE_PROXY_CANARY
+from pyproxy.backends.xtables.tables import (
+    canary_present,
+    cleanup_everywhere,
+    ensure_canary,
+    ensure_jumps,
+    open_tables,
 )
-from pyproxy.model.types import IPAddress, IPFamily, IPNetwork, NamespacedName, ProxyState
+from pyproxy.config.settings import ProxyConfig
+from pyproxy.kernel import addresses, conntrack, sysctl
+from pyproxy.kernel.iptables import Iptables, IptablesError, chains_in_save, extract_lines
+from pyproxy.model.types import IPFamily, NamespacedName, ProxyState
 
 log = logging.getLogger(__name__)
 
-NODEPORT_KEYWORDS = ("all", "primary", "localhost")
-
-
-@dataclass(frozen=True)
-class IptablesOptions:
-    masquerade_bit: int = 14
-    masquerade_all: bool = False
-    cluster_cidrs: tuple[IPNetwork, ...] = ()
-    localhost_nodeports: bool = True
-    nodeport_addresses: tuple[str, ...] = ()
-    """CIDRs or the keywords all/primary/localhost; empty means all."""
-    iptables_backend: str = "auto"
-    families: tuple[IPFamily, ...] = (IPFamily.IPV4, IPFamily.IPV6)
-    random_fully: bool = True
-    conntrack_tcp_liberal: bool = False
-    primary_ips: tuple[IPAddress, ...] = ()
-    """The node's primary addresses (for the "primary" keyword and source-range checks)."""
+FAMILIES = (IPFamily.IPV4, IPFamily.IPV6)
 
 
 @dataclass
 class _Family:
-    family: IPFamily
+    cfg: IptablesConfig
     ipt: Iptables
     last: Rendered | None = None
     last_state: ProxyState | None = None
-    restore_failures: int = 0
-    partial_failures: int = 0
+
+    @property
+    def family(self) -> IPFamily:
+        return self.cfg.family
 
 
 def _spec(line: str) -> str:
@@ -154,167 +141,130 @@ def _written(text: str) -> Counter[str]:
     return counts
 
 
+class IptablesMetrics:
+    """The families upstream registers for iptables mode."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.durations = SyncDurations(registry)
+        self.restore_failures = RestoreFailures(registry, partial=True)
+        self.rules_total = Gauge(
+            "kubeproxy_sync_proxy_rules_iptables_total",
+            "Total number of iptables rules owned by kube-proxy",
+            ("table", *FAMILY),
+            registry=registry,
+        )
+        self.rules_last = Gauge(
+            "kubeproxy_sync_proxy_rules_iptables_last",
+            "Number of iptables rules written by kube-proxy in last sync",
+            ("table", *FAMILY),
+            registry=registry,
+        )
+
+
 class IptablesBackend(Backend):
     mode = "iptables"
 
-    def __init__(self, options: IptablesOptions | None = None) -> None:
-        self.options = options or IptablesOptions()
+    def __init__(self, cfg: ProxyConfig) -> None:
+        self.proxy = cfg
+        self.configs = {f: IptablesConfig(family=f, proxy=cfg) for f in FAMILIES}
         self._families: list[_Family] | None = None
+        self.metrics: IptablesMetrics | None = None
         self.last_restore: str = ""
-        """The last restore input that succeeded (for debugging / ``explain``)."""
+        """The last restore input that succeeded (for debugging)."""
 
-    # ---- configuration ------------------------------------------------------------------
-
-    def config(
-        self, family: IPFamily, local_ips: Iterable[IPAddress] | None = None
-    ) -> IptablesConfig:
-        opts = self.options
-        nodeport_ips = None
-        specs = opts.nodeport_addresses
-        if specs and "all" not in specs:
-            local = list(local_ips if local_ips is not None else ())
-            chosen: list[IPAddress] = []
-            for spec in specs:
-                if spec == "primary":
-                    chosen += [ip for ip in opts.primary_ips if ip in local or not local]
-                elif spec == "localhost":
-                    chosen += [ip for ip in local if ip.is_loopback]
-                else:
-                    net = _cidr(spec)
-                    chosen += [ip for ip in local if ip.version == net.version and ip in net]
-            nodeport_ips = tuple(dict.fromkeys(chosen))
-        node_ips = tuple(opts.primary_ips) or tuple(
-            ip for ip in (local_ips or ()) if not ip.is_loopback
-        )
-        return IptablesConfig(
-            family=family,
-            masquerade_bit=opts.masquerade_bit,
-            masquerade_all=opts.masquerade_all,
-            cluster_cidrs=opts.cluster_cidrs,
-            localhost_nodeports=opts.localhost_nodeports,
-            nodeport_ips=nodeport_ips,
-            node_ips=node_ips,
-            conntrack_tcp_liberal=opts.conntrack_tcp_liberal,
-            random_fully=opts.random_fully,
-        )
-
-    def _needs_local_ips(self) -> bool:
-        specs = self.options.nodeport_addresses
-        return (bool(specs) and "all" not in specs) or not self.options.primary_ips
-
-    def _local_ips(self) -> list[IPAddress] | None:
-        if not self._needs_local_ips():
-            return None
-        try:
-            return list(addresses.local_addresses())
-        except Exception as err:  # netlink trouble must not stop the sync
-            log.warning("cannot list local addresses: %s", err)
-            return None
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        self.metrics = IptablesMetrics(registry)
 
     # ---- render ---------------------------------------------------------------------------
 
     def render(self, state: ProxyState) -> str:
-        local = self._local_ips() if self.options.nodeport_addresses else None
         parts = []
-        for family in self.options.families:
+        for family in FAMILIES:
             if family is IPFamily.IPV6 and not state.sorted_services(family):
                 continue
             tool = "ip6tables-restore" if family is IPFamily.IPV6 else "iptables-restore"
             parts.append(
                 f"# {family.value}: input for {tool} --noflush\n"
-                + render(state, self.config(family, local)).text()
+                + render(state, self.configs[family]).text()
             )
         return "".join(parts)
 
     # ---- sync -----------------------------------------------------------------------------
 
     def _setup(self) -> list[_Family]:
-        if self._families is not None:
-            return self._families
-        try:
-            backend = detect_backend(self.options.iptables_backend)
-        except IptablesError as err:
-            raise BackendUnavailable(str(err)) from None
-        fams: list[_Family] = []
-        for family in self.options.families:
-            ipt = Iptables(backend, ipv6=family is IPFamily.IPV6)
-            if family is IPFamily.IPV6:
-                res = None
-                try:
-                    res = ipt.run("-t", "nat", "-S", "POSTROUTING", check=False, timeout=20)
-                except (OSError, IptablesError):
-                    pass
-                if res is None or res.returncode != 0:
-                    log.warning(
-                        "ip6tables (%s) does not work here; IPv6 services are not proxied", backend
-                    )
-                    continue
-            fams.append(_Family(family, ipt))
-        log.info(
-            "iptables mode: using the %s back end for %s",
-            backend,
-            ", ".join(f.family.value for f in fams),
-        )
-        if self.options.localhost_nodeports and any(f.family is IPFamily.IPV4 for f in fams):
-            sysctl.ensure("net.ipv4.conf.all.route_localnet", "1")
-        self._families = fams
-        return fams
+        if self._families is None:
+            tables = open_tables(self.proxy.iptables_backend, FAMILIES, self.mode)
+            self._families = [_Family(self.configs[f], ipt) for f, ipt in tables.items()]
+            if self.configs[IPFamily.IPV4].localhost_enabled and IPFamily.IPV4 in tables:
+                sysctl.ensure("net.ipv4.conf.all.route_localnet", "1")
+        return self._families
 
-    @property
-    def iptables_backend(self) -> str:
-        fams = self._setup()
-        return fams[0].ipt.backend if fams else ""
+    def _with_local_addresses(self, state: ProxyState) -> ProxyState:
+        """NodePort CIDRs match this host's interface addresses (upstream's GetNodeIPs):
+        the kernel supplies them to the state, so the render stays pure."""
+        if not self.proxy.nodeport_addresses.cidrs:
+            return state
+        try:
+            local = tuple(addresses.local_addresses())
+        except Exception as err:  # netlink trouble must not stop the sync
+            log.warning("cannot list local addresses: %s", err)
+            return state
+        return replace(state, node=state.node.with_local_addresses(local))
 
     def sync(self, request: SyncRequest) -> SyncResult:
+        start = time.monotonic()
         fams = self._setup()
-        total: Counter[str] = Counter()
-        written: Counter[str] = Counter()
-        no_local: Counter[str] = Counter()
-        did_full = False
+        state = self._with_local_addresses(request.state)
         render_s = apply_s = 0.0
-        local = self._local_ips()
+        did_full = False
+        no_local: dict[tuple[str, IPFamily], int] = {}
         for fam in fams:
-            name = fam.family.value
             t0 = time.monotonic()
-            cfg = self.config(fam.family, local)
-            new = render(request.state, cfg)
+            new = render(state, fam.cfg)
             t1 = time.monotonic()
             full = self._sync_family(fam, new, request)
             apply_s += time.monotonic() - t1
             render_s += t1 - t0
             did_full = did_full or full
-            total.update({f"{t}/{name}": n for t, n in new.rule_counts().items()})
-            written.update({f"{t}/{name}": n for t, n in _written(self.last_restore).items()})
-            no_local.update({f"{p}/{name}": n for p, n in new.no_local_endpoints().items()})
-            filters = stale_filters(fam.last_state, request.state, fam.family)
+            for policy, n in new.no_local_endpoints().items():
+                no_local[(policy, fam.family)] = n
+            self._count(fam, new)
+            filters = stale_filters(fam.last_state, state, fam.family)
             if filters:
                 n = conntrack.delete(filters, ipv6=fam.family is IPFamily.IPV6)
-                log.info("cleared %d stale UDP conntrack entries (%s)", n, name)
+                log.info("cleared %d stale UDP conntrack entries (%s)", n, fam.family.value)
             fam.last = new
-            fam.last_state = request.state
+            fam.last_state = state
+        families = tuple(f.family for f in fams)
+        if self.metrics is not None:
+            self.metrics.durations.observe(did_full, time.monotonic() - start, families)
         return SyncResult(
             full=did_full,
-            families=tuple(f.family.value for f in fams),
-            rules_total=dict(total),
-            rules_written=dict(written),
+            families=families,
             render_seconds=render_s,
             apply_seconds=apply_s,
-            no_local_endpoints=dict(no_local),
-            restore_failures=self.failure_counts(),
+            no_local_endpoints=no_local,
         )
 
+    def _count(self, fam: _Family, new: Rendered) -> None:
+        if self.metrics is None:
+            return
+        written = _written(self.last_restore)
+        for table, n in new.rule_counts().items():
+            self.metrics.rules_total.labels(table, fam.family.value).set(n)
+            self.metrics.rules_last.labels(table, fam.family.value).set(written[table])
+
     def _sync_family(self, fam: _Family, new: Rendered, request: SyncRequest) -> bool:
-        full = request.full or fam.last is None or not self._canary_ok(fam)
+        full = request.full or fam.last is None or not canary_present(fam.ipt)
         if not full:
             assert fam.last is not None
             text = partial_text(fam.last, new, request.changed)
             try:
-                self._restore(fam, text)
+                self._restore(fam, text, partial=True)
                 return False
             except BackendError as err:
-                fam.partial_failures += 1
                 log.warning("partial sync failed (%s); doing a full sync", err)
-        self._ensure_jumps(fam)
+        ensure_canary(fam.ipt)
         try:
             existing = chains_in_save(fam.ipt.save("nat"))
         except IptablesError as err:
@@ -322,74 +272,34 @@ class IptablesBackend(Backend):
             existing = set()
         stale = {c for c in existing if names.is_service_chain(c)} - new.service_chains()
         self._restore(fam, new.text(delete_chains=stale))
+        declared = {("filter", c) for c in new.filter_chain_names()} | {("nat", c) for c in NAT_TOP}
+        ensure_jumps(fam.ipt, fam.cfg.jump_rules(), declared)
         return True
 
-    def _restore(self, fam: _Family, text: str) -> None:
+    def _restore(self, fam: _Family, text: str, partial: bool = False) -> None:
         try:
             fam.ipt.restore(text)
         except IptablesError as err:
-            fam.restore_failures += 1
+            if self.metrics is not None:
+                self.metrics.restore_failures.failed(fam.family, partial)
             where = f"\n{extract_lines(text, err.line)}" if err.line else ""
             log.error("%s restore failed: %s%s", fam.family.value, err, where)
             raise BackendError(f"{fam.family.value} iptables-restore failed: {err}") from None
         self.last_restore = text
 
-    def _canary_ok(self, fam: _Family) -> bool:
-        try:
-            return fam.ipt.chain_exists("mangle", KUBE_PROXY_CANARY)
-        except (OSError, IptablesError):
-            return False
-
-    def _ensure_jumps(self, fam: _Family) -> None:
-        cfg = IptablesConfig(
-            family=fam.family, localhost_nodeports=self.options.localhost_nodeports
-        )
-        try:
-            for table in ("mangle", "nat", "filter"):
-                fam.ipt.ensure_chain(table, KUBE_PROXY_CANARY)
-            for jump in cfg.jump_rules():
-                fam.ipt.ensure_chain(jump.table, jump.dst)
-                fam.ipt.ensure_rule_first(jump.table, jump.src, jump.args())
-        except IptablesError as err:
-            raise BackendError(f"cannot install jump rules: {err}") from None
-
     # ---- cleanup --------------------------------------------------------------------------
 
     def cleanup(self) -> None:
-        """Remove every chain and jump rule pyproxy's iptables mode creates, in both back ends."""
-        errors = []
-        for ipt in working_tables():
-            try:
-                cleanup_tables(ipt)
-            except (OSError, IptablesError) as err:
-                errors.append(f"{ipt.backend}/{ipt.family_name}: {err}")
-        if errors:
-            raise BackendError("; ".join(errors))
-
-    def failure_counts(self) -> dict[str, tuple[int, int]]:
-        """{family: (restore failures, partial restore failures)}, cumulative."""
-        return {
-            f.family.value: (f.restore_failures, f.partial_failures) for f in (self._families or [])
-        }
-
-
-def cleanup_tables(ipt: Iptables, extra_jumps: Iterable[tuple[str, str, list[str]]] = ()) -> None:
-    """Delete pyproxy's jump rules, then flush and delete its chains, in one back end/family."""
-    cfg = IptablesConfig(localhost_nodeports=not ipt.ipv6)
-    jumps = [(j.table, j.src, j.args()) for j in cfg.jump_rules()] + list(extra_jumps)
-    for table, src, args in jumps:
-        ipt.delete_rule(table, src, args)
-    for table, top in (("filter", (*FILTER_TOP, KUBE_FIREWALL)), ("nat", (*NAT_TOP,))):
-        present = chains_in_save(ipt.save(table))
-        ours = [
-            c
-            for c in present
-            if c in top or c == KUBE_PROXY_CANARY or (table == "nat" and names.is_service_chain(c))
-        ]
-        remove_chains(ipt, table, ours, shared=(KUBE_FIREWALL, KUBE_MARK_MASQ))
-    if ipt.chain_exists("mangle", KUBE_PROXY_CANARY):
-        ipt.run("-t", "mangle", "-X", KUBE_PROXY_CANARY, check=False)
-
-
-def _cidr(spec: str) -> IPNetwork:
-    return ipaddress.ip_network(spec, strict=False)
+        """Remove every chain and jump rule pyproxy's iptables mode creates, in both back ends;
+        KUBE-FIREWALL and KUBE-MARK-MASQ only when nothing else (kubelet) still uses them."""
+        cleanup_everywhere(
+            JUMP_RULES + KUBELET_FIREWALL_JUMPS,
+            {
+                "filter": (*FILTER_TOP, KUBE_FIREWALL, KUBE_PROXY_CANARY),
+                "nat": lambda c: (
+                    c in NAT_TOP or c == KUBE_PROXY_CANARY or names.is_service_chain(c)
+                ),
+            },
+            shared=(KUBE_FIREWALL, KUBE_MARK_MASQ),
+            canary=True,
+        )

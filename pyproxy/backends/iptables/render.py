@@ -4,10 +4,11 @@ The rule text follows upstream's iptables proxier (pkg/proxy/iptables/proxier.go
 ``syncProxyRules`` and ``writeServiceToEndpointRules``) so that an operator who knows
 kube-proxy can read it: same chains, hashed names, comments, mark and probabilities.
 
-The result keeps the top-level chains (KUBE-SERVICES, KUBE-NODEPORTS, ...) apart from each
-service's own chains, so the applier can write a full sync, or a partial one that touches
-only the changed services' chains plus the changed lines of the top-level chains.
-Nothing here reads the kernel: node addresses come in through ``IptablesConfig``.
+Each chain kind has its own function below. The result keeps the top-level chains
+(KUBE-SERVICES, KUBE-NODEPORTS, ...) apart from each service's own chains, so the applier can
+write a full sync, or a partial one that touches only the changed services' chains plus the
+changed lines of the top-level chains. Node facts come from the state's ``NodeInfo``; nothing
+here reads the kernel.
 """
 
 from __future__ import annotations
@@ -16,26 +17,37 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pyproxy.backends.iptables import names
-from pyproxy.model.selection import categorize_endpoints
+from pyproxy.backends.xtables.rules import (
+    KUBE_FORWARD,
+    KUBE_MARK_MASQ,
+    KUBE_POSTROUTING,
+    NEW,
+    JumpRule,
+    forward_rules,
+    if_local,
+    if_not_local,
+    mark_masq_rules,
+    postrouting_rules,
+    quote,
+)
+from pyproxy.config.settings import ProxyConfig
+from pyproxy.model.selection import EndpointSelection, categorize_endpoints
 from pyproxy.model.types import (
     Endpoint,
     IPAddress,
     IPFamily,
     IPNetwork,
     NamespacedName,
+    NodeInfo,
     ProxyState,
     ServicePort,
 )
 
 KUBE_SERVICES = "KUBE-SERVICES"
 KUBE_EXTERNAL_SERVICES = "KUBE-EXTERNAL-SERVICES"
-KUBE_FORWARD = "KUBE-FORWARD"
 KUBE_NODEPORTS = "KUBE-NODEPORTS"
 KUBE_PROXY_FIREWALL = "KUBE-PROXY-FIREWALL"
 KUBE_FIREWALL = "KUBE-FIREWALL"
-KUBE_POSTROUTING = "KUBE-POSTROUTING"
-KUBE_MARK_MASQ = "KUBE-MARK-MASQ"
-KUBE_PROXY_CANARY = "KUBE-PROXY-CANARY"
 
 FILTER_TOP = (
     KUBE_SERVICES,
@@ -49,78 +61,35 @@ NAT_TOP = (KUBE_SERVICES, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_MARK_MASQ)
 # Upstream drops per-endpoint comments above this many endpoints (largeClusterMode).
 LARGE_CLUSTER_ENDPOINTS = 1000
 
-
-@dataclass(frozen=True)
-class JumpRule:
-    """A rule pyproxy inserts into a built-in chain (not through iptables-restore)."""
-
-    table: str
-    src: str
-    dst: str
-    comment: str
-    extra: tuple[str, ...] = ()
-
-    def args(self) -> list[str]:
-        return [*self.extra, "-m", "comment", "--comment", self.comment, "-j", self.dst]
-
-
-# Upstream's iptablesJumpChains (+ kubelet's KUBE-FIREWALL jumps when localhost NodePorts).
+# Upstream's iptablesJumpChains; each is prepended in turn.
 JUMP_RULES = (
     JumpRule(
         "filter",
         "INPUT",
         KUBE_EXTERNAL_SERVICES,
         "kubernetes externally-visible service portals",
-        ("-m", "conntrack", "--ctstate", "NEW"),
+        NEW,
     ),
     JumpRule(
         "filter",
         "FORWARD",
         KUBE_EXTERNAL_SERVICES,
         "kubernetes externally-visible service portals",
-        ("-m", "conntrack", "--ctstate", "NEW"),
+        NEW,
     ),
     JumpRule("filter", "INPUT", KUBE_NODEPORTS, "kubernetes health check service ports"),
-    JumpRule(
-        "filter",
-        "FORWARD",
-        KUBE_SERVICES,
-        "kubernetes service portals",
-        ("-m", "conntrack", "--ctstate", "NEW"),
-    ),
-    JumpRule(
-        "filter",
-        "OUTPUT",
-        KUBE_SERVICES,
-        "kubernetes service portals",
-        ("-m", "conntrack", "--ctstate", "NEW"),
-    ),
+    JumpRule("filter", "FORWARD", KUBE_SERVICES, "kubernetes service portals", NEW),
+    JumpRule("filter", "OUTPUT", KUBE_SERVICES, "kubernetes service portals", NEW),
     JumpRule("filter", "FORWARD", KUBE_FORWARD, "kubernetes forwarding rules"),
-    JumpRule(
-        "filter",
-        "INPUT",
-        KUBE_PROXY_FIREWALL,
-        "kubernetes load balancer firewall",
-        ("-m", "conntrack", "--ctstate", "NEW"),
-    ),
-    JumpRule(
-        "filter",
-        "OUTPUT",
-        KUBE_PROXY_FIREWALL,
-        "kubernetes load balancer firewall",
-        ("-m", "conntrack", "--ctstate", "NEW"),
-    ),
-    JumpRule(
-        "filter",
-        "FORWARD",
-        KUBE_PROXY_FIREWALL,
-        "kubernetes load balancer firewall",
-        ("-m", "conntrack", "--ctstate", "NEW"),
-    ),
+    JumpRule("filter", "INPUT", KUBE_PROXY_FIREWALL, "kubernetes load balancer firewall", NEW),
+    JumpRule("filter", "OUTPUT", KUBE_PROXY_FIREWALL, "kubernetes load balancer firewall", NEW),
+    JumpRule("filter", "FORWARD", KUBE_PROXY_FIREWALL, "kubernetes load balancer firewall", NEW),
     JumpRule("nat", "OUTPUT", KUBE_SERVICES, "kubernetes service portals"),
     JumpRule("nat", "PREROUTING", KUBE_SERVICES, "kubernetes service portals"),
     JumpRule("nat", "POSTROUTING", KUBE_POSTROUTING, "kubernetes postrouting rules"),
 )
+# Jumps to the copy of kubelet's KUBE-FIREWALL, written with localhost NodePorts. Their comment
+# tells them from kubelet's own, so cleanup removes pyproxy's and leaves kubelet's.
 KUBELET_FIREWALL_JUMPS = (
     JumpRule("filter", "INPUT", KUBE_FIREWALL, "kubernetes firewall for dropping marked packets"),
     JumpRule("filter", "OUTPUT", KUBE_FIREWALL, "kubernetes firewall for dropping marked packets"),
@@ -129,35 +98,39 @@ KUBELET_FIREWALL_JUMPS = (
 
 @dataclass(frozen=True)
 class IptablesConfig:
+    """Render settings for one IP family, fixed at start from the ProxyConfig."""
+
     family: IPFamily = IPFamily.IPV4
-    masquerade_bit: int = 14
-    masquerade_all: bool = False
-    cluster_cidrs: tuple[IPNetwork, ...] = ()
-    localhost_nodeports: bool = True
-    nodeport_ips: tuple[IPAddress, ...] | None = None
-    """None means every local address (``--nodeport-addresses`` unset or ``all``)."""
-    node_ips: tuple[IPAddress, ...] = ()
-    """This node's addresses; a source range holding one lets the node reach its LB IPs."""
-    conntrack_tcp_liberal: bool = False
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)
     random_fully: bool = True
+    conntrack_tcp_liberal: bool = False
 
     @property
     def mark(self) -> str:
-        return f"{1 << self.masquerade_bit:#x}"
-
-    @property
-    def local_cidr(self) -> IPNetwork | None:
-        for cidr in self.cluster_cidrs:
-            if IPFamily.of(cidr) is self.family:
-                return cidr
-        return None
+        return self.proxy.masquerade.mark
 
     @property
     def localhost_enabled(self) -> bool:
-        return self.localhost_nodeports and self.family is IPFamily.IPV4
+        """NodePorts on 127.0.0.1 (route_localnet): IPv4 only, and only when the NodePort
+        addresses include loopback (upstream turns the flag off otherwise)."""
+        return (
+            self.family is IPFamily.IPV4
+            and self.proxy.localhost_nodeports
+            and self.proxy.nodeport_addresses.contains_ipv4_loopback
+        )
 
     def jump_rules(self) -> tuple[JumpRule, ...]:
         return JUMP_RULES + (KUBELET_FIREWALL_JUMPS if self.localhost_enabled else ())
+
+
+@dataclass(frozen=True)
+class _Node:
+    """The node facts one render needs, derived once per family."""
+
+    node: NodeInfo
+    local_cidrs: tuple[IPNetwork, ...]
+    node_ip: IPAddress | None
+    nodeport_ips: tuple[IPAddress, ...] | None
 
 
 @dataclass
@@ -170,6 +143,15 @@ class ServiceRender:
     """Own nat chains (SVC/SVL/EXT/FW/SEP) in write order, each with its full rule lines."""
     no_local_internal: int = 0
     no_local_external: int = 0
+
+    def merge(self, other: ServiceRender) -> None:
+        """Add another port of the same service: one partial-sync unit per service."""
+        for src, dst in ((other.top_filter, self.top_filter), (other.top_nat, self.top_nat)):
+            for chain, lines in src.items():
+                dst.setdefault(chain, []).extend(lines)
+        self.chains.update(other.chains)
+        self.no_local_internal += other.no_local_internal
+        self.no_local_external += other.no_local_external
 
 
 @dataclass
@@ -198,8 +180,7 @@ class Rendered:
         out += [f":{c} - [0:0]" for c in self.filter_chain_names()]
         for c in self.filter_chain_names():
             out += self.filter_top.get(c, [])
-        out.append("COMMIT")
-        out.append("*nat")
+        out += ["COMMIT", "*nat"]
         out += [f":{c} - [0:0]" for c in NAT_TOP]
         own: list[str] = []
         own_rules: list[str] = []
@@ -208,13 +189,10 @@ class Rendered:
                 own.append(f":{chain} - [0:0]")
                 own_rules += lines
         stale = sorted(set(delete_chains) - self.service_chains())
-        out += own
-        out += [f":{c} - [0:0]" for c in stale]
+        out += own + [f":{c} - [0:0]" for c in stale]
         for c in NAT_TOP:
             out += self.nat_top.get(c, [])
-        out += own_rules
-        out += [f"-X {c}" for c in stale]
-        out.append("COMMIT")
+        out += own_rules + [f"-X {c}" for c in stale] + ["COMMIT"]
         return "\n".join(out) + "\n"
 
     def rule_counts(self) -> dict[str, int]:
@@ -225,426 +203,465 @@ class Rendered:
         }
 
 
-def _q(text: str) -> str:
-    """Quote a comment as upstream does: only when it contains a space."""
-    return f'"{text}"' if " " in text else text
+# ---- one service port -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Port:
+    """What one service port's rules are made of, decided once (upstream's per-service
+    prologue in syncProxyRules): names, the endpoint selection, and where traffic goes."""
+
+    sp: ServicePort
+    sel: EndpointSelection
+    cluster_ip: IPAddress
+    large: bool
+
+    @property
+    def name(self) -> str:
+        return str(self.sp.name)
+
+    @property
+    def proto(self) -> str:
+        return self.sp.protocol.value.lower()
+
+    @property
+    def internal_chain(self) -> str:
+        spn = self.sp.name
+        return names.local_chain(spn) if self.sp.internal_policy_local else names.cluster_chain(spn)
+
+    @property
+    def external_policy_chain(self) -> str:
+        spn = self.sp.name
+        return names.local_chain(spn) if self.sp.external_policy_local else names.cluster_chain(spn)
+
+    @property
+    def has_internal(self) -> bool:
+        return self.sel.has_any and (not self.sp.internal_policy_local or bool(self.sel.local))
+
+    @property
+    def has_external(self) -> bool:
+        return self.sel.has_any and (not self.sp.external_policy_local or bool(self.sel.local))
+
+    @property
+    def uses_firewall(self) -> bool:
+        sp = self.sp
+        return (
+            self.sel.has_any and bool(sp.load_balancer_ips) and bool(sp.load_balancer_source_ranges)
+        )
+
+    @property
+    def lb_chain(self) -> str:
+        spn = self.sp.name
+        return names.firewall_chain(spn) if self.uses_firewall else names.external_chain(spn)
+
+    def refusal(self) -> tuple[str, str]:
+        """(target, comment) for traffic with nowhere to go: REJECT when the service has no
+        endpoints at all, DROP when a Local policy has none on this node."""
+        if not self.sel.has_any:
+            return "REJECT", quote(f"{self.name} has no endpoints")
+        return "DROP", quote(f"{self.name} has no local endpoints")
+
+    def match(self, dest: IPAddress | str, port: int | None = None) -> list[str]:
+        return [
+            "-m",
+            self.proto,
+            "-p",
+            self.proto,
+            "-d",
+            str(dest),
+            "--dport",
+            str(port or self.sp.port),
+        ]
+
+
+def _add(table: dict[str, list[str]], chain: str, *args: str) -> None:
+    table.setdefault(chain, []).append(" ".join(("-A", chain, *args)))
+
+
+def _comment(text: str) -> tuple[str, ...]:
+    return ("-m", "comment", "--comment", quote(text))
+
+
+def _cluster_ip_lines(p: _Port, out: ServiceRender) -> None:
+    if p.has_internal:
+        _add(
+            out.top_nat,
+            KUBE_SERVICES,
+            *_comment(f"{p.name} cluster IP"),
+            *p.match(p.cluster_ip),
+            "-j",
+            p.internal_chain,
+        )
+    else:
+        target, comment = p.refusal()
+        _add(
+            out.top_filter,
+            KUBE_SERVICES,
+            "-m",
+            "comment",
+            "--comment",
+            comment,
+            *p.match(p.cluster_ip),
+            "-j",
+            target,
+        )
+
+
+def _external_ip_lines(p: _Port, out: ServiceRender) -> None:
+    ext = names.external_chain(p.sp.name)
+    target, comment = p.refusal()
+    for eip in p.sp.external_ips:
+        if p.sel.has_any:
+            _add(
+                out.top_nat,
+                KUBE_SERVICES,
+                *_comment(f"{p.name} external IP"),
+                *p.match(eip),
+                "-j",
+                ext,
+            )
+        if not p.has_external:
+            _add(
+                out.top_filter,
+                KUBE_EXTERNAL_SERVICES,
+                "-m",
+                "comment",
+                "--comment",
+                comment,
+                *p.match(eip),
+                "-j",
+                target,
+            )
+
+
+def _load_balancer_lines(p: _Port, out: ServiceRender) -> None:
+    fw = names.firewall_chain(p.sp.name)
+    for lbip in p.sp.load_balancer_ips:
+        if p.sel.has_any:
+            _add(
+                out.top_nat,
+                KUBE_SERVICES,
+                *_comment(f"{p.name} loadbalancer IP"),
+                *p.match(lbip),
+                "-j",
+                p.lb_chain,
+            )
+        if p.uses_firewall:
+            _add(
+                out.top_filter,
+                KUBE_PROXY_FIREWALL,
+                *_comment(f"{p.name} traffic not accepted by {fw}"),
+                *p.match(lbip),
+                "-j",
+                "DROP",
+            )
+    if not p.has_external:
+        target, comment = p.refusal()
+        for lbip in p.sp.load_balancer_ips:
+            _add(
+                out.top_filter,
+                KUBE_EXTERNAL_SERVICES,
+                "-m",
+                "comment",
+                "--comment",
+                comment,
+                *p.match(lbip),
+                "-j",
+                target,
+            )
+
+
+def _node_port_lines(p: _Port, out: ServiceRender) -> None:
+    if not p.sp.node_port:
+        return
+    port = ("-m", p.proto, "-p", p.proto, "--dport", str(p.sp.node_port))
+    if p.sel.has_any:
+        _add(
+            out.top_nat,
+            KUBE_NODEPORTS,
+            *_comment(p.name),
+            *port,
+            "-j",
+            names.external_chain(p.sp.name),
+        )
+    if not p.has_external:
+        target, comment = p.refusal()
+        _add(
+            out.top_filter,
+            KUBE_EXTERNAL_SERVICES,
+            "-m",
+            "comment",
+            "--comment",
+            comment,
+            "-m",
+            "addrtype",
+            "--dst-type",
+            "LOCAL",
+            *port,
+            "-j",
+            target,
+        )
+
+
+def _health_check_lines(p: _Port, out: ServiceRender) -> None:
+    if p.sp.health_check_node_port:
+        _add(
+            out.top_filter,
+            KUBE_NODEPORTS,
+            *_comment(f"{p.name} health check node port"),
+            "-m",
+            "tcp",
+            "-p",
+            "tcp",
+            "--dport",
+            str(p.sp.health_check_node_port),
+            "-j",
+            "ACCEPT",
+        )
+
+
+def _external_chain(p: _Port, node: _Node) -> list[str]:
+    """KUBE-EXT-*: masquerade (Cluster policy) or short-circuit pod and node traffic (Local
+    policy), then on to the policy's chain."""
+    spn = p.sp.name
+    chain = names.external_chain(spn)
+    lines: dict[str, list[str]] = {}
+    if not p.sp.external_policy_local:
+        _add(
+            lines,
+            chain,
+            *_comment(f"masquerade traffic for {p.name} external destinations"),
+            "-j",
+            KUBE_MARK_MASQ,
+        )
+    else:
+        pod_match = if_local(node.local_cidrs)
+        if pod_match is not None:
+            _add(
+                lines,
+                chain,
+                *_comment(f"pod traffic for {p.name} external destinations"),
+                *pod_match,
+                "-j",
+                names.cluster_chain(spn),
+            )
+        local = ("-m", "addrtype", "--src-type", "LOCAL")
+        _add(
+            lines,
+            chain,
+            *_comment(f"masquerade LOCAL traffic for {p.name} external destinations"),
+            *local,
+            "-j",
+            KUBE_MARK_MASQ,
+        )
+        _add(
+            lines,
+            chain,
+            *_comment(f"route LOCAL traffic for {p.name} external destinations"),
+            *local,
+            "-j",
+            names.cluster_chain(spn),
+        )
+    if p.has_external:
+        _add(lines, chain, "-j", p.external_policy_chain)
+    return lines.get(chain, [])
+
+
+def _firewall_chain(p: _Port, node: _Node) -> list[str]:
+    """KUBE-FW-*: load-balancer traffic from the allowed source ranges goes on; the rest
+    falls through to KUBE-PROXY-FIREWALL's DROP."""
+    spn = p.sp.name
+    chain, ext = names.firewall_chain(spn), names.external_chain(spn)
+    lines: dict[str, list[str]] = {}
+    base = _comment(f"{p.name} loadbalancer IP")
+    for cidr in p.sp.load_balancer_source_ranges:
+        _add(lines, chain, *base, "-s", str(cidr), "-j", ext)
+    ranges = p.sp.load_balancer_source_ranges
+    if node.node_ip is not None and any(node.node_ip in cidr for cidr in ranges):
+        for lbip in p.sp.load_balancer_ips:  # the node itself may reach its LB IPs
+            _add(lines, chain, *base, "-s", str(lbip), "-j", ext)
+    _add(
+        lines, chain, *_comment(f"other traffic to {p.name} will be dropped by KUBE-PROXY-FIREWALL")
+    )
+    return lines[chain]
+
+
+def _service_chain(
+    p: _Port, chain: str, eps: tuple[Endpoint, ...], node: _Node, cfg: IptablesConfig
+) -> list[str]:
+    """KUBE-SVC-* / KUBE-SVL-*: masquerade off-cluster sources (internal chain only), the
+    affinity checks, then one statistic rule per endpoint (writeServiceToEndpointRules)."""
+    spn = p.sp.name
+    lines: dict[str, list[str]] = {chain: []}
+    if chain == p.internal_chain and p.has_internal:
+        match = (*_comment(f"{p.name} cluster IP"), *p.match(p.cluster_ip))
+        not_local = if_not_local(node.local_cidrs)
+        if cfg.proxy.masquerade.all:
+            _add(lines, chain, *match, "-j", KUBE_MARK_MASQ)
+        elif not_local is not None:
+            _add(lines, chain, *match, *not_local, "-j", KUBE_MARK_MASQ)
+    if p.sp.session_affinity_client_ip:
+        for ep in eps:
+            sep = names.endpoint_chain(spn, ep)
+            comment = () if p.large else _comment(f"{p.name} -> {ep}")
+            _add(
+                lines,
+                chain,
+                *comment,
+                "-m",
+                "recent",
+                "--name",
+                sep,
+                "--rcheck",
+                "--seconds",
+                str(p.sp.sticky_max_age_seconds),
+                "--reap",
+                "-j",
+                sep,
+            )
+    n = len(eps)
+    for i, ep in enumerate(eps):
+        args: list[str] = [] if p.large else list(_comment(f"{p.name} -> {ep}"))
+        if i < n - 1:
+            args += ["-m", "statistic", "--mode", "random", "--probability", _probability(n - i)]
+        _add(lines, chain, *args, "-j", names.endpoint_chain(spn, ep))
+    return lines[chain]
+
+
+def _endpoint_chain(p: _Port, ep: Endpoint) -> list[str]:
+    """KUBE-SEP-*: masquerade hairpin traffic, remember the client for affinity, DNAT."""
+    chain = names.endpoint_chain(p.sp.name, ep)
+    lines: dict[str, list[str]] = {}
+    comment = () if p.large else _comment(p.name)
+    _add(lines, chain, *comment, "-s", str(ep.ip), "-j", KUBE_MARK_MASQ)
+    affinity = ("-m", "recent", "--name", chain, "--set") if p.sp.session_affinity_client_ip else ()
+    _add(
+        lines,
+        chain,
+        *comment,
+        *affinity,
+        "-m",
+        p.proto,
+        "-p",
+        p.proto,
+        "-j",
+        "DNAT",
+        "--to-destination",
+        str(ep),
+    )
+    return lines[chain]
 
 
 def _probability(n: int) -> str:
     return f"{1.0 / n:0.10f}"
 
 
-def _svc_match(proto: str, dest: IPAddress | str, port: int) -> list[str]:
-    return ["-m", proto, "-p", proto, "-d", str(dest), "--dport", str(port)]
-
-
-def render_service(
-    svc: ServicePort,
-    endpoints: tuple[Endpoint, ...],
-    state: ProxyState,
-    cfg: IptablesConfig,
-    large: bool,
+def render_port(
+    sp: ServicePort, eps: tuple[Endpoint, ...], node: _Node, cfg: IptablesConfig, large: bool
 ) -> ServiceRender:
-    out = ServiceRender()
-    spn = svc.name
-    name = str(spn)
-    proto = spn.protocol.value.lower()
-    mark_masq = KUBE_MARK_MASQ
-    cluster_ip = svc.cluster_ip(cfg.family)
+    """Everything one service port (a family view) contributes to the rules."""
+    cluster_ip = sp.cluster_ip(cfg.family)
     assert cluster_ip is not None  # callers pass family views only
-    local_cidr = cfg.local_cidr
-
-    sel = categorize_endpoints(svc, endpoints, state.node)
-    cluster_chain = names.cluster_chain(spn)
-    local_chain = names.local_chain(spn)
-    ext_chain = names.external_chain(spn)
-    fw_chain = names.firewall_chain(spn)
-    uses_cluster_chain = bool(sel.cluster) and svc.uses_cluster_endpoints
-    uses_local_chain = bool(sel.local) and svc.uses_local_endpoints
-
-    internal_chain = cluster_chain
-    has_internal = sel.has_any
-    if svc.internal_policy_local:
-        internal_chain = local_chain
-        has_internal = has_internal and bool(sel.local)
-    external_policy_chain = cluster_chain
-    has_external = sel.has_any
-    if svc.external_policy_local:
-        external_policy_chain = local_chain
-        has_external = has_external and bool(sel.local)
-    uses_ext_chain = sel.has_any and svc.externally_accessible
-    uses_fw = sel.has_any and bool(svc.load_balancer_ips) and bool(svc.load_balancer_source_ranges)
-    lb_chain = fw_chain if uses_fw else ext_chain
-
-    int_target = ext_target = int_comment = ext_comment = ""
-    if not sel.has_any:
-        int_target = ext_target = "REJECT"
-        int_comment = ext_comment = _q(f"{name} has no endpoints")
-    else:
-        if not has_internal:
-            int_target, int_comment = "DROP", _q(f"{name} has no local endpoints")
-            out.no_local_internal = 1
-        if not has_external:
-            ext_target, ext_comment = "DROP", _q(f"{name} has no local endpoints")
-            out.no_local_external = 1
-
-    def top(table: dict[str, list[str]], chain: str, *args: str) -> None:
-        table.setdefault(chain, []).append(" ".join(("-A", chain, *args)))
-
-    def dispatch(
-        table: dict[str, list[str]], chain: str, comment: str, dest: IPAddress | str, target: str
-    ) -> None:
-        """A top-level rule matching one service address and port."""
-        top(
-            table,
-            chain,
-            "-m",
-            "comment",
-            "--comment",
-            comment,
-            *_svc_match(proto, dest, svc.port),
-            "-j",
-            target,
+    p = _Port(sp, categorize_endpoints(sp, eps, node.node), cluster_ip, large)
+    out = ServiceRender()
+    if p.sel.has_any:
+        out.no_local_internal = int(not p.has_internal)
+        out.no_local_external = int(not p.has_external)
+    for lines in (
+        _cluster_ip_lines,
+        _external_ip_lines,
+        _load_balancer_lines,
+        _node_port_lines,
+        _health_check_lines,
+    ):
+        lines(p, out)
+    spn = sp.name
+    if p.sel.has_any and sp.externally_accessible:
+        out.chains[names.external_chain(spn)] = _external_chain(p, node)
+    if p.uses_firewall:
+        out.chains[names.firewall_chain(spn)] = _firewall_chain(p, node)
+    if p.sel.cluster and sp.uses_cluster_endpoints:
+        out.chains[names.cluster_chain(spn)] = _service_chain(
+            p, names.cluster_chain(spn), p.sel.cluster, node, cfg
         )
-
-    # Cluster IP.
-    if has_internal:
-        dispatch(out.top_nat, KUBE_SERVICES, _q(f"{name} cluster IP"), cluster_ip, internal_chain)
-    else:
-        dispatch(out.top_filter, KUBE_SERVICES, int_comment, cluster_ip, int_target)
-
-    # External IPs.
-    for eip in svc.external_ips:
-        if sel.has_any:
-            dispatch(out.top_nat, KUBE_SERVICES, _q(f"{name} external IP"), eip, ext_chain)
-        if not has_external:
-            dispatch(out.top_filter, KUBE_EXTERNAL_SERVICES, ext_comment, eip, ext_target)
-
-    # Load-balancer ingress IPs.
-    for lbip in svc.load_balancer_ips:
-        if sel.has_any:
-            dispatch(out.top_nat, KUBE_SERVICES, _q(f"{name} loadbalancer IP"), lbip, lb_chain)
-        if uses_fw:
-            dispatch(
-                out.top_filter,
-                KUBE_PROXY_FIREWALL,
-                _q(f"{name} traffic not accepted by {fw_chain}"),
-                lbip,
-                "DROP",
-            )
-    if not has_external:
-        for lbip in svc.load_balancer_ips:
-            dispatch(out.top_filter, KUBE_EXTERNAL_SERVICES, ext_comment, lbip, ext_target)
-
-    # NodePorts.
-    if svc.node_port:
-        if sel.has_any:
-            top(
-                out.top_nat,
-                KUBE_NODEPORTS,
-                "-m",
-                "comment",
-                "--comment",
-                _q(name),
-                "-m",
-                proto,
-                "-p",
-                proto,
-                "--dport",
-                str(svc.node_port),
-                "-j",
-                ext_chain,
-            )
-        if not has_external:
-            top(
-                out.top_filter,
-                KUBE_EXTERNAL_SERVICES,
-                "-m",
-                "comment",
-                "--comment",
-                ext_comment,
-                "-m",
-                "addrtype",
-                "--dst-type",
-                "LOCAL",
-                "-m",
-                proto,
-                "-p",
-                proto,
-                "--dport",
-                str(svc.node_port),
-                "-j",
-                ext_target,
-            )
-
-    # Health-check node port.
-    if svc.health_check_node_port:
-        top(
-            out.top_filter,
-            KUBE_NODEPORTS,
-            "-m",
-            "comment",
-            "--comment",
-            _q(f"{name} health check node port"),
-            "-m",
-            "tcp",
-            "-p",
-            "tcp",
-            "--dport",
-            str(svc.health_check_node_port),
-            "-j",
-            "ACCEPT",
+    if p.sel.local and sp.uses_local_endpoints:
+        out.chains[names.local_chain(spn)] = _service_chain(
+            p, names.local_chain(spn), p.sel.local, node, cfg
         )
-
-    chains = out.chains
-
-    def rule(chain: str, *args: str) -> None:
-        chains[chain].append(" ".join(("-A", chain, *args)))
-
-    # Internal traffic: masquerade what does not come from the cluster.
-    internal_rules: list[str] = []
-    if has_internal:
-        match = [
-            "-m",
-            "comment",
-            "--comment",
-            _q(f"{name} cluster IP"),
-            *_svc_match(proto, cluster_ip, svc.port),
-        ]
-        if cfg.masquerade_all:
-            internal_rules.append(" ".join(("-A", internal_chain, *match, "-j", mark_masq)))
-        elif local_cidr is not None:
-            internal_rules.append(
-                " ".join(
-                    ("-A", internal_chain, *match, "!", "-s", str(local_cidr), "-j", mark_masq)
-                )
-            )
-
-    if uses_ext_chain:
-        chains[ext_chain] = []
-        if not svc.external_policy_local:
-            rule(
-                ext_chain,
-                "-m",
-                "comment",
-                "--comment",
-                _q(f"masquerade traffic for {name} external destinations"),
-                "-j",
-                mark_masq,
-            )
-        else:
-            if local_cidr is not None:
-                rule(
-                    ext_chain,
-                    "-m",
-                    "comment",
-                    "--comment",
-                    _q(f"pod traffic for {name} external destinations"),
-                    "-s",
-                    str(local_cidr),
-                    "-j",
-                    cluster_chain,
-                )
-            rule(
-                ext_chain,
-                "-m",
-                "comment",
-                "--comment",
-                _q(f"masquerade LOCAL traffic for {name} external destinations"),
-                "-m",
-                "addrtype",
-                "--src-type",
-                "LOCAL",
-                "-j",
-                mark_masq,
-            )
-            rule(
-                ext_chain,
-                "-m",
-                "comment",
-                "--comment",
-                _q(f"route LOCAL traffic for {name} external destinations"),
-                "-m",
-                "addrtype",
-                "--src-type",
-                "LOCAL",
-                "-j",
-                cluster_chain,
-            )
-        if has_external:
-            rule(ext_chain, "-j", external_policy_chain)
-
-    if uses_fw:
-        chains[fw_chain] = []
-        base = ("-m", "comment", "--comment", _q(f"{name} loadbalancer IP"))
-        allow_node = False
-        for cidr in svc.load_balancer_source_ranges:
-            rule(fw_chain, *base, "-s", str(cidr), "-j", ext_chain)
-            allow_node = allow_node or any(ip in cidr for ip in cfg.node_ips)
-        if allow_node:
-            for lbip in svc.load_balancer_ips:
-                rule(fw_chain, *base, "-s", str(lbip), "-j", ext_chain)
-        rule(
-            fw_chain,
-            "-m",
-            "comment",
-            "--comment",
-            _q(f"other traffic to {name} will be dropped by KUBE-PROXY-FIREWALL"),
-        )
-
-    def svc_to_endpoints(chain: str, eps: tuple[Endpoint, ...]) -> None:
-        chains[chain] = [line for line in internal_rules if line.startswith(f"-A {chain} ")]
-        if svc.session_affinity_client_ip:
-            for ep in eps:
-                sep = names.endpoint_chain(spn, ep)
-                comment = () if large else ("-m", "comment", "--comment", _q(f"{name} -> {ep}"))
-                rule(
-                    chain,
-                    *comment,
-                    "-m",
-                    "recent",
-                    "--name",
-                    sep,
-                    "--rcheck",
-                    "--seconds",
-                    str(svc.sticky_max_age_seconds),
-                    "--reap",
-                    "-j",
-                    sep,
-                )
-        n = len(eps)
-        for i, ep in enumerate(eps):
-            sep = names.endpoint_chain(spn, ep)
-            args: list[str] = []
-            if not large:
-                args += ["-m", "comment", "--comment", _q(f"{name} -> {ep}")]
-            if i < n - 1:
-                args += [
-                    "-m",
-                    "statistic",
-                    "--mode",
-                    "random",
-                    "--probability",
-                    _probability(n - i),
-                ]
-            rule(chain, *args, "-j", sep)
-
-    if uses_cluster_chain:
-        svc_to_endpoints(cluster_chain, sel.cluster)
-    if uses_local_chain:
-        svc_to_endpoints(local_chain, sel.local)
-
-    for ep in sel.all_reachable:
-        sep = names.endpoint_chain(spn, ep)
-        chains[sep] = []
-        comment: tuple[str, ...] = () if large else ("-m", "comment", "--comment", _q(name))
-        rule(sep, *comment, "-s", str(ep.ip), "-j", mark_masq)
-        affinity = (
-            ("-m", "recent", "--name", sep, "--set") if svc.session_affinity_client_ip else ()
-        )
-        rule(
-            sep,
-            *comment,
-            *affinity,
-            "-m",
-            proto,
-            "-p",
-            proto,
-            "-j",
-            "DNAT",
-            "--to-destination",
-            str(ep),
-        )
+    for ep in p.sel.all_reachable:
+        out.chains[names.endpoint_chain(spn, ep)] = _endpoint_chain(p, ep)
     return out
 
 
-def render(state: ProxyState, cfg: IptablesConfig) -> Rendered:
-    """The complete rule set for ``cfg.family``."""
-    services = state.sorted_services(cfg.family)
-    total_eps = sum(len(state.endpoints_for(s.name, cfg.family)) for s in services)
-    large = total_eps > LARGE_CLUSTER_ENDPOINTS
+# ---- the whole table -----------------------------------------------------------------------
+
+
+def node_facts(state: ProxyState, cfg: IptablesConfig) -> _Node:
+    node = state.node
+    return _Node(
+        node,
+        cfg.proxy.local_cidrs(node, cfg.family),
+        node.primary_ip(cfg.family),
+        cfg.proxy.nodeport_addresses.node_ips(node, cfg.family),
+    )
+
+
+def _nodeports_tail(node: _Node, cfg: IptablesConfig) -> list[str]:
+    """The jump from KUBE-SERVICES to KUBE-NODEPORTS, which must stay its last rule: for
+    every local address, or one per chosen NodePort address."""
+    comment = '"kubernetes service nodeports; NOTE: this must be the last rule in this chain"'
+    head = f"-A {KUBE_SERVICES} -m comment --comment {comment}"
+    if node.nodeport_ips is None:
+        dest = "-m addrtype --dst-type LOCAL"
+        if cfg.family is IPFamily.IPV6:
+            dest += " ! -d ::1/128"
+        elif not cfg.localhost_enabled:
+            dest += " ! -d 127.0.0.0/8"
+        return [f"{head} {dest} -j {KUBE_NODEPORTS}"]
+    return [
+        f"{head} -d {ip} -j {KUBE_NODEPORTS}"
+        for ip in node.nodeport_ips
+        if IPFamily.of(ip) is cfg.family and (not ip.is_loopback or cfg.localhost_enabled)
+    ]
+
+
+def _static_lines(
+    node: _Node, cfg: IptablesConfig
+) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """(filter, nat) lines that do not depend on any service."""
     filter_top: dict[str, list[str]] = {c: [] for c in FILTER_TOP}
     nat_top: dict[str, list[str]] = {c: [] for c in NAT_TOP}
-    per_service: dict[NamespacedName, ServiceRender] = {}
-    extra_filter: tuple[str, ...] = ()
-    mark = cfg.mark
-
-    nat_top[KUBE_POSTROUTING] += [
-        f"-A {KUBE_POSTROUTING} -m mark ! --mark {mark}/{mark} -j RETURN",
-        f"-A {KUBE_POSTROUTING} -j MARK --xor-mark {mark}",
-        f'-A {KUBE_POSTROUTING} -m comment --comment "kubernetes service traffic requiring SNAT"'
-        " -j MASQUERADE" + (" --random-fully" if cfg.random_fully else ""),
-    ]
-    nat_top[KUBE_MARK_MASQ].append(f"-A {KUBE_MARK_MASQ} -j MARK --or-mark {mark}")
+    nat_top[KUBE_POSTROUTING] = postrouting_rules(cfg.mark, cfg.random_fully)
+    nat_top[KUBE_MARK_MASQ] = mark_masq_rules(cfg.mark)
     if cfg.localhost_enabled:
-        extra_filter = (KUBE_FIREWALL,)
         filter_top[KUBE_FIREWALL] = [
             f'-A {KUBE_FIREWALL} -m comment --comment "block incoming localnet connections"'
             " -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT"
             " -j DROP"
         ]
+    filter_top[KUBE_FORWARD] = forward_rules(cfg.mark, cfg.conntrack_tcp_liberal)
+    return filter_top, nat_top
 
-    for svc in services:
-        eps = state.endpoints_for(svc.name, cfg.family)
-        sr = render_service(svc, eps, state, cfg, large)
-        key = svc.name.service
-        merged = per_service.get(key)
-        if merged is None:
-            per_service[key] = sr
-        else:  # several ports of one service: one partial-sync unit
-            for table_src, table_dst in (
-                (sr.top_filter, merged.top_filter),
-                (sr.top_nat, merged.top_nat),
-            ):
-                for chain, lines in table_src.items():
-                    table_dst.setdefault(chain, []).extend(lines)
-            merged.chains.update(sr.chains)
-            merged.no_local_internal += sr.no_local_internal
-            merged.no_local_external += sr.no_local_external
+
+def is_large(state: ProxyState, family: IPFamily, services: Iterable[ServicePort]) -> bool:
+    return sum(len(state.endpoints_for(s.name, family)) for s in services) > LARGE_CLUSTER_ENDPOINTS
+
+
+def render(state: ProxyState, cfg: IptablesConfig) -> Rendered:
+    """The complete rule set for ``cfg.family``."""
+    services = state.sorted_services(cfg.family)
+    large = is_large(state, cfg.family, services)
+    node = node_facts(state, cfg)
+    filter_top, nat_top = _static_lines(node, cfg)
+    per_service: dict[NamespacedName, ServiceRender] = {}
+    for sp in services:
+        sr = render_port(sp, state.endpoints_for(sp.name, cfg.family), node, cfg, large)
+        merged = per_service.setdefault(sp.name.service, ServiceRender())
+        merged.merge(sr)
         for chain, lines in sr.top_filter.items():
             filter_top[chain] += lines
         for chain, lines in sr.top_nat.items():
             nat_top[chain] += lines
-
-    # NodePorts: the tail call from KUBE-SERVICES, which must stay its last rule.
-    np_comment = '"kubernetes service nodeports; NOTE: this must be the last rule in this chain"'
-    if cfg.nodeport_ips is None:
-        dest = ["-m", "addrtype", "--dst-type", "LOCAL"]
-        if cfg.family is IPFamily.IPV6:
-            dest += ["!", "-d", "::1/128"]
-        elif not cfg.localhost_nodeports:
-            dest += ["!", "-d", "127.0.0.0/8"]
-        nat_top[KUBE_SERVICES].append(
-            " ".join(
-                [
-                    "-A",
-                    KUBE_SERVICES,
-                    "-m",
-                    "comment",
-                    "--comment",
-                    np_comment,
-                    *dest,
-                    "-j",
-                    KUBE_NODEPORTS,
-                ]
-            )
-        )
-    else:
-        for ip in cfg.nodeport_ips:
-            if IPFamily.of(ip) is not cfg.family:
-                continue
-            if ip.is_loopback and not cfg.localhost_enabled:
-                continue
-            nat_top[KUBE_SERVICES].append(
-                f"-A {KUBE_SERVICES} -m comment --comment {np_comment} -d {ip} -j {KUBE_NODEPORTS}"
-            )
-
-    if not cfg.conntrack_tcp_liberal:
-        filter_top[KUBE_FORWARD].append(f"-A {KUBE_FORWARD} -m conntrack --ctstate INVALID -j DROP")
-    filter_top[KUBE_FORWARD] += [
-        f'-A {KUBE_FORWARD} -m comment --comment "kubernetes forwarding rules"'
-        f" -m mark --mark {mark}/{mark} -j ACCEPT",
-        f'-A {KUBE_FORWARD} -m comment --comment "kubernetes forwarding conntrack rule"'
-        " -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
-    ]
-    return Rendered(cfg.family, filter_top, nat_top, per_service, extra_filter)
+    nat_top[KUBE_SERVICES] += _nodeports_tail(node, cfg)
+    extra = (KUBE_FIREWALL,) if cfg.localhost_enabled else ()
+    return Rendered(cfg.family, filter_top, nat_top, per_service, extra)

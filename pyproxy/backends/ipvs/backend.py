@@ -6,11 +6,11 @@ state are written, and nothing is flushed at start-up, so a restart keeps traffi
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import replace
+
+from prometheus_client import CollectorRegistry, Gauge
 
 from pyproxy.backends.base import Backend, BackendError, BackendUnavailable, SyncRequest, SyncResult
 from pyproxy.backends.ipvs.diff import CurrentDest, CurrentService, Plan, plan
@@ -26,21 +26,19 @@ from pyproxy.backends.ipvs.render import (
     render,
     set_name,
 )
+from pyproxy.backends.metrics import FAMILY, RestoreFailures
 from pyproxy.backends.stale_conntrack import stale_filters
+from pyproxy.backends.xtables.rules import KUBE_MARK_MASQ
+from pyproxy.backends.xtables.tables import cleanup_everywhere, ensure_jumps, open_tables
+from pyproxy.config.settings import ProxyConfig
 from pyproxy.kernel import addresses, conntrack, sysctl
 from pyproxy.kernel import ipvs as kipvs
-from pyproxy.kernel.iptables import (
-    Iptables,
-    IptablesError,
-    chains_in_save,
-    detect_backend,
-    remove_chains,
-    working_tables,
-)
-from pyproxy.model.types import IPAddress, IPFamily, IPNetwork, ProxyState
+from pyproxy.kernel.iptables import Iptables, IptablesError
+from pyproxy.model.types import IPAddress, IPFamily, ProxyState
 
 log = logging.getLogger(__name__)
 
+FAMILIES = (IPFamily.IPV4, IPFamily.IPV6)
 SYSCTLS = (
     ("net.ipv4.vs.conntrack", "1"),
     ("net.ipv4.ip_forward", "1"),
@@ -50,59 +48,49 @@ SYSCTLS = (
 STRICT_ARP = (("net.ipv4.conf.all.arp_ignore", "1"), ("net.ipv4.conf.all.arp_announce", "2"))
 
 
-@dataclass(frozen=True)
-class IpvsOptions:
-    ipvs_scheduler: str = "rr"
-    masquerade_bit: int = 14
-    masquerade_all: bool = False
-    cluster_cidrs: tuple[IPNetwork, ...] = ()
-    iptables_backend: str = "auto"
-    ipvs_strict_arp: bool = False
-    random_fully: bool = True
-    nodeport_addresses: tuple[str, ...] = ()
+class IpvsMetrics:
+    """Upstream registers restore failures in IPVS mode; pyproxy adds what IPVS programs."""
 
-
-def _jump_args(jump: tuple[str, str, str, tuple[str, ...], str]) -> list[str]:
-    _, _, dst, extra, comment = jump
-    return [*extra, "-m", "comment", "--comment", comment, "-j", dst]
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.restore_failures = RestoreFailures(registry)
+        self.virtual_servers = Gauge(
+            "pyproxy_ipvs_virtual_servers",
+            "IPVS virtual servers programmed by pyproxy",
+            FAMILY,
+            registry=registry,
+        )
+        self.real_servers = Gauge(
+            "pyproxy_ipvs_real_servers",
+            "IPVS real servers (with a weight) programmed by pyproxy",
+            FAMILY,
+            registry=registry,
+        )
 
 
 class IpvsBackend(Backend):
     mode = "ipvs"
 
-    def __init__(self, options: IpvsOptions | None = None) -> None:
-        self.options = options or IpvsOptions()
-        if self.options.ipvs_scheduler not in SCHEDULERS:
+    def __init__(self, cfg: ProxyConfig) -> None:
+        if cfg.ipvs_scheduler not in SCHEDULERS:
             raise BackendUnavailable(
-                f"--ipvs-scheduler: {self.options.ipvs_scheduler!r} is not one of "
-                f"{', '.join(SCHEDULERS)}"
+                f"--ipvs-scheduler: {cfg.ipvs_scheduler!r} is not one of {', '.join(SCHEDULERS)}"
             )
+        self.proxy = cfg
+        self.configs = {f: IpvsConfig(family=f, proxy=cfg) for f in FAMILIES}
         self._ipt: dict[IPFamily, Iptables] | None = None
         self._last_state: ProxyState | None = None
         self._jumps_done = False
-        self.last_plan: Plan | None = None
-        self.restore_failures = 0
+        self.metrics: IpvsMetrics | None = None
 
-    def config(
-        self, family: IPFamily = IPFamily.IPV4, node_ips: Iterable[IPAddress] = ()
-    ) -> IpvsConfig:
-        o = self.options
-        return IpvsConfig(
-            family=family,
-            scheduler=o.ipvs_scheduler,
-            masquerade_bit=o.masquerade_bit,
-            masquerade_all=o.masquerade_all,
-            cluster_cidrs=o.cluster_cidrs,
-            node_ips=tuple(node_ips),
-            random_fully=o.random_fully,
-        )
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        self.metrics = IpvsMetrics(registry)
 
     def render(self, state: ProxyState) -> str:
         parts = []
-        for family in (IPFamily.IPV4, IPFamily.IPV6):
+        for family in FAMILIES:
             if family is IPFamily.IPV6 and not state.sorted_services(family):
                 continue
-            d = render(state, self.config(family))
+            d = render(state, self.configs[family])
             types = family_sets(family)
             sets = "\n".join(
                 f"# ipset {n} ({types[n]}): {len(v)} entries"
@@ -129,92 +117,84 @@ class IpvsBackend(Backend):
             kipvs.Ipvs().close()
         except kipvs.IpvsError as err:
             raise BackendUnavailable(str(err)) from None
-        if not kipvs.scheduler_available(self.options.ipvs_scheduler):
+        scheduler = self.proxy.ipvs_scheduler
+        if not kipvs.scheduler_available(scheduler):
             raise BackendUnavailable(
-                f"--ipvs-scheduler={self.options.ipvs_scheduler}: this kernel has no "
-                f"ip_vs_{self.options.ipvs_scheduler} module"
+                f"--ipvs-scheduler={scheduler}: this kernel has no ip_vs_{scheduler} module"
             )
-        for name, value in SYSCTLS + (STRICT_ARP if self.options.ipvs_strict_arp else ()):
+        for name, value in SYSCTLS + (STRICT_ARP if self.proxy.ipvs_strict_arp else ()):
             if not sysctl.ensure(name, value):
                 log.error("ipvs mode needs sysctl %s=%s and could not set it", name, value)
-        try:
-            backend = detect_backend(self.options.iptables_backend)
-        except IptablesError as err:
-            raise BackendUnavailable(str(err)) from None
+        tables = open_tables(self.proxy.iptables_backend, FAMILIES, self.mode)
         kipvs.ensure_dummy(DUMMY)
-        tables = {IPFamily.IPV4: Iptables(backend)}
-        v6 = Iptables(backend, ipv6=True)
-        if v6.available() and v6.run("-t", "nat", "-S", "POSTROUTING", check=False).returncode == 0:
-            tables[IPFamily.IPV6] = v6
-        else:
-            log.warning("ip6tables (%s) does not work here; IPv6 services are not proxied", backend)
+        log.info("ipvs mode: scheduler %s", scheduler)
         self._ipt = tables
-        log.info(
-            "ipvs mode: scheduler %s, iptables %s back end, %s",
-            self.options.ipvs_scheduler,
-            backend,
-            ", ".join(f.value for f in tables),
-        )
         return tables
 
-    def _node_ips(self, family: IPFamily, vips: set[str]) -> list[IPAddress]:
-        """NodePort addresses: this host's addresses of ``family``, less loopback, link-local
-        and kube-ipvs0's, narrowed by --nodeport-addresses CIDRs when given."""
-        version = 4 if family is IPFamily.IPV4 else 6
-        local: list[IPAddress] = [
-            ip
-            for ip in addresses.local_addresses()
-            if ip.version == version
-            and not ip.is_loopback
-            and not ip.is_link_local
-            and str(ip) not in vips
-        ]
-        specs = [s for s in self.options.nodeport_addresses if s not in ("all", "primary")]
-        if not specs:
-            return local
-        nets = [ipaddress.ip_network(s, strict=False) for s in specs if s != "localhost"]
-        return [ip for ip in local if any(ip in n for n in nets if n.version == version)]
-
     # ---- sync -------------------------------------------------------------------------------
+
+    def _desired(
+        self, state: ProxyState, families: list[IPFamily], local: tuple[IPAddress, ...]
+    ) -> dict[IPFamily, Desired]:
+        """Render every family, with this host's addresses (less kube-ipvs0's) as node facts."""
+        state = replace(state, node=state.node.with_local_addresses(local))
+        return {f: render(state, self.configs[f]) for f in families}
 
     def sync(self, request: SyncRequest) -> SyncResult:
         tables = self._setup()
         t0 = time.monotonic()
-        current_addrs = kipvs.dummy_addresses(DUMMY) or set()
+        local = tuple(addresses.local_addresses(exclude_links=(DUMMY,)))
+        per_family = self._desired(request.state, list(tables), local)
         merged = Desired(ipsets={})
-        per_family: dict[IPFamily, Desired] = {}
-        node_ips: set[str] = set()
-        for family in tables:
-            ips = self._node_ips(family, current_addrs)
-            node_ips |= {str(i) for i in ips}
-            d = per_family[family] = render(request.state, self.config(family, ips))
+        for d in per_family.values():
             merged.services.update(d.services)
             merged.addresses |= d.addresses
             merged.ipsets.update(d.ipsets)
-        types = {n: t for f in tables for n, t in family_sets(f).items()}
         t1 = time.monotonic()
+        types = {n: t for f in tables for n, t in family_sets(f).items()}
         sets = kipvs.IpSets()
-        ipvs = kipvs.Ipvs()
         try:
             for name, stype in types.items():  # the rules reference them: create them first
                 sets.ensure(name, stype, kipvs.socket_family(name.startswith("KUBE-6-")))
-            full = request.full or not self._jumps_done
             for family, ipt in tables.items():
-                self._apply_iptables(ipt, per_family[family], full=full)
+                self._apply_iptables(family, ipt, per_family[family], full=request.full)
             self._jumps_done = True
-            current = {
-                key: CurrentService(
-                    spec.scheduler,
-                    spec.timeout,
-                    {
-                        d: CurrentDest(x.weight, x.active, x.inactive)
-                        for d, x in ipvs.dests(key).items()
-                    },
-                )
-                for key, spec in ipvs.services().items()
-            }
+            self._apply_ipvs(sets, merged, types, {str(ip) for ip in local})
+        except kipvs.IpvsError as err:
+            raise BackendError(str(err)) from None
+        finally:
+            sets.close()
+        for family in tables:
+            filters = stale_filters(self._last_state, request.state, family)
+            if filters:
+                n = conntrack.delete(filters, ipv6=family is IPFamily.IPV6)
+                log.info("cleared %d stale UDP conntrack entries (%s)", n, family.value)
+        self._last_state = request.state
+        if self.metrics is not None:
+            for family, d in per_family.items():
+                self.metrics.virtual_servers.labels(family.value).set(len(d.services))
+                reals = sum(len(vs.dests) for vs in d.services.values())
+                self.metrics.real_servers.labels(family.value).set(reals)
+        return SyncResult(
+            full=request.full,
+            families=tuple(tables),
+            render_seconds=t1 - t0,
+            apply_seconds=time.monotonic() - t1,
+            no_local_endpoints={
+                (k, f): v for f, d in per_family.items() for k, v in d.no_local.items()
+            },
+        )
+
+    def _apply_ipvs(
+        self, sets: kipvs.IpSets, merged: Desired, types: dict[str, str], node_ips: set[str]
+    ) -> None:
+        """ipset members, then kube-ipvs0's new addresses, virtual and real servers, and the
+        addresses no longer wanted."""
+        current_addrs = kipvs.dummy_addresses(DUMMY) or set()
+        ipvs = kipvs.Ipvs()
+        try:
             members = {name: sets.members(name, stype) for name, stype in types.items()}
-            p = plan(merged, current, current_addrs, current_addrs | node_ips, members)
+            p = plan(merged, self._current(ipvs), current_addrs, current_addrs | node_ips, members)
             for name, stype in types.items():
                 for entry in sorted(p.ipset_add.get(name, ()), key=str):
                     sets.add(name, stype, entry)
@@ -223,44 +203,35 @@ class IpvsBackend(Backend):
             kipvs.set_addresses(DUMMY, sorted(p.add_addresses), ())
             self._apply_plan(ipvs, p)
             kipvs.set_addresses(DUMMY, (), sorted(p.delete_addresses))
-        except kipvs.IpvsError as err:
-            raise BackendError(str(err)) from None
         finally:
             ipvs.close()
-            sets.close()
-        self.last_plan = p
-        for family in tables:
-            filters = stale_filters(self._last_state, request.state, family)
-            if filters:
-                n = conntrack.delete(filters, ipv6=family is IPFamily.IPV6)
-                log.info("cleared %d stale UDP conntrack entries (%s)", n, family.value)
-        self._last_state = request.state
-        t2 = time.monotonic()
-        fams = tuple(f.value for f in tables)
-        return SyncResult(
-            full=request.full,
-            families=fams,
-            rules_total={f"ipvs/{f.value}": len(per_family[f].services) for f in tables},
-            rules_written={"ipvs/IPv4": len(p.add_services) + len(p.set_dests)},
-            render_seconds=t1 - t0,
-            apply_seconds=t2 - t1,
-            no_local_endpoints={
-                f"{k}/{f.value}": v for f in tables for k, v in per_family[f].no_local.items()
-            },
-            restore_failures={f: (self.restore_failures, 0) for f in fams},
-        )
 
-    def _apply_iptables(self, ipt: Iptables, desired: Desired, full: bool) -> None:
+    @staticmethod
+    def _current(ipvs: kipvs.Ipvs) -> dict[kipvs.VSKey, CurrentService]:
+        return {
+            key: CurrentService(
+                spec.scheduler,
+                spec.timeout,
+                {
+                    d: CurrentDest(x.weight, x.active, x.inactive)
+                    for d, x in ipvs.dests(key).items()
+                },
+            )
+            for key, spec in ipvs.services().items()
+        }
+
+    def _apply_iptables(
+        self, family: IPFamily, ipt: Iptables, desired: Desired, full: bool
+    ) -> None:
         try:
             ipt.restore(desired.iptables)  # declares every chain the jumps point to
         except IptablesError as err:
-            self.restore_failures += 1
+            if self.metrics is not None:
+                self.metrics.restore_failures.failed(family)
             raise BackendError(f"iptables-restore failed: {err}") from None
-        if full:
-            try:
-                ipt.ensure_jumps((j[0], j[1], _jump_args(j)) for j in JUMPS)
-            except IptablesError as err:
-                raise BackendError(f"cannot install jump rules: {err}") from None
+        if full or not self._jumps_done:
+            declared = {("nat", c) for c in NAT_CHAINS} | {("filter", c) for c in FILTER_CHAINS}
+            ensure_jumps(ipt, JUMPS, declared)
 
     def _apply_plan(self, ipvs: kipvs.Ipvs, p: Plan) -> None:
         for key, sched, timeout in p.add_services:
@@ -280,39 +251,21 @@ class IpvsBackend(Backend):
 
     def cleanup(self) -> None:
         """Remove pyproxy's virtual servers, ipsets, rules and kube-ipvs0; nothing else."""
-        vips = kipvs.dummy_addresses(DUMMY) or set()
         errors: list[str] = []
         try:
-            sets = kipvs.IpSets()
-            node_ports: set[int] = set()
-            for family in (IPFamily.IPV4, IPFamily.IPV6):
-                for proto in ("TCP", "UDP"):
-                    name = set_name(f"KUBE-NODE-PORT-{proto}", family)
-                    if name in sets.names():
-                        node_ports |= {int(e[0]) for e in sets.members(name, "bitmap:port")}
-            ipvs = kipvs.Ipvs()
-            local = {str(ip) for ip in addresses.local_addresses()}
-            for key in ipvs.services():
-                if key[1] in vips or (key[1] in local and key[2] in node_ports):
-                    ipvs.delete_service(key)
-            ipvs.close()
+            self._cleanup_ipvs()
         except (kipvs.IpvsError, OSError) as err:
             errors.append(str(err))
-            sets = kipvs.IpSets()
-        for ipt in working_tables():
-            try:
-                for jump in JUMPS:
-                    ipt.delete_rule(jump[0], jump[1], _jump_args(jump))
-                for table, chains in (("nat", NAT_CHAINS), ("filter", FILTER_CHAINS)):
-                    present = chains_in_save(ipt.save(table))
-                    remove_chains(
-                        ipt, table, [c for c in chains if c in present], shared=("KUBE-MARK-MASQ",)
-                    )
-            except IptablesError as err:
-                errors.append(f"{ipt.backend}: {err}")
+        try:
+            cleanup_everywhere(
+                JUMPS, {"nat": NAT_CHAINS, "filter": FILTER_CHAINS}, shared=(KUBE_MARK_MASQ,)
+            )
+        except BackendError as err:
+            errors.append(str(err))
+        sets = kipvs.IpSets()
         try:
             present = sets.names()
-            for family in (IPFamily.IPV4, IPFamily.IPV6):
+            for family in FAMILIES:
                 for name in family_sets(family):
                     if name in present:
                         sets.destroy(name)
@@ -321,3 +274,26 @@ class IpvsBackend(Backend):
         kipvs.delete_link(DUMMY)
         if errors:
             raise BackendError("; ".join(errors))
+
+    @staticmethod
+    def _cleanup_ipvs() -> None:
+        """Virtual servers on kube-ipvs0's addresses, or on a node address and a NodePort."""
+        vips = kipvs.dummy_addresses(DUMMY) or set()
+        sets = kipvs.IpSets()
+        try:
+            node_ports: set[int] = set()
+            for family in FAMILIES:
+                for proto in ("TCP", "UDP"):
+                    name = set_name(f"KUBE-NODE-PORT-{proto}", family)
+                    if name in sets.names():
+                        node_ports |= {int(e[0]) for e in sets.members(name, "bitmap:port")}
+        finally:
+            sets.close()
+        ipvs = kipvs.Ipvs()
+        try:
+            local = {str(ip) for ip in addresses.local_addresses()}
+            for key in ipvs.services():
+                if key[1] in vips or (key[1] in local and key[2] in node_ports):
+                    ipvs.delete_service(key)
+        finally:
+            ipvs.close()

@@ -14,19 +14,32 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from pyproxy.backends.xtables.rules import (
+    KUBE_FORWARD,
+    KUBE_MARK_MASQ,
+    KUBE_POSTROUTING,
+    JumpRule,
+    forward_rules,
+    if_not_local,
+    mark_masq_rules,
+    postrouting_rules,
+    restore_text,
+)
+from pyproxy.config.settings import IPVS_SCHEDULERS, ProxyConfig
 from pyproxy.model.selection import categorize_endpoints
 from pyproxy.model.types import (
     Endpoint,
     IPAddress,
     IPFamily,
     IPNetwork,
+    NodeInfo,
     Protocol,
     ProxyState,
     ServicePort,
 )
 
 DUMMY = "kube-ipvs0"
-SCHEDULERS = ("rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "mh")
+SCHEDULERS = IPVS_SCHEDULERS
 PROTO_NUM = {Protocol.TCP: 6, Protocol.UDP: 17, Protocol.SCTP: 132}
 PROTO_NAME = {6: "TCP", 17: "UDP", 132: "SCTP"}
 
@@ -55,28 +68,28 @@ SETS: dict[str, str] = {
 
 NAT_CHAINS = (
     "KUBE-SERVICES",
-    "KUBE-POSTROUTING",
+    KUBE_POSTROUTING,
     "KUBE-NODE-PORT",
     "KUBE-LOAD-BALANCER",
-    "KUBE-MARK-MASQ",
+    KUBE_MARK_MASQ,
 )
 FILTER_CHAINS = (
-    "KUBE-FORWARD",
+    KUBE_FORWARD,
     "KUBE-NODE-PORT",
     "KUBE-PROXY-FIREWALL",
     "KUBE-SOURCE-RANGES-FIREWALL",
     "KUBE-IPVS-FILTER",
 )
-# (table, from, to, extra match, comment): upstream's iptablesJumpChain for IPVS mode
-JUMPS: tuple[tuple[str, str, str, tuple[str, ...], str], ...] = (
-    ("nat", "OUTPUT", "KUBE-SERVICES", (), "kubernetes service portals"),
-    ("nat", "PREROUTING", "KUBE-SERVICES", (), "kubernetes service portals"),
-    ("nat", "POSTROUTING", "KUBE-POSTROUTING", (), "kubernetes postrouting rules"),
-    ("filter", "FORWARD", "KUBE-FORWARD", (), "kubernetes forwarding rules"),
-    ("filter", "INPUT", "KUBE-NODE-PORT", (), "kubernetes health check rules"),
-    ("filter", "INPUT", "KUBE-PROXY-FIREWALL", (), "kube-proxy firewall rules"),
-    ("filter", "FORWARD", "KUBE-PROXY-FIREWALL", (), "kube-proxy firewall rules"),
-    ("filter", "INPUT", "KUBE-IPVS-FILTER", (), "kubernetes ipvs access filter"),
+# upstream's iptablesJumpChain for IPVS mode; each is prepended in turn
+JUMPS = (
+    JumpRule("nat", "OUTPUT", "KUBE-SERVICES", "kubernetes service portals"),
+    JumpRule("nat", "PREROUTING", "KUBE-SERVICES", "kubernetes service portals"),
+    JumpRule("nat", "POSTROUTING", KUBE_POSTROUTING, "kubernetes postrouting rules"),
+    JumpRule("filter", "FORWARD", KUBE_FORWARD, "kubernetes forwarding rules"),
+    JumpRule("filter", "INPUT", "KUBE-NODE-PORT", "kubernetes health check rules"),
+    JumpRule("filter", "INPUT", "KUBE-PROXY-FIREWALL", "kube-proxy firewall rules"),
+    JumpRule("filter", "FORWARD", "KUBE-PROXY-FIREWALL", "kube-proxy firewall rules"),
+    JumpRule("filter", "INPUT", "KUBE-IPVS-FILTER", "kubernetes ipvs access filter"),
 )
 
 
@@ -94,23 +107,27 @@ def family_sets(family: IPFamily) -> dict[str, str]:
 @dataclass(frozen=True)
 class IpvsConfig:
     family: IPFamily = IPFamily.IPV4
-    scheduler: str = "rr"
-    masquerade_bit: int = 14
-    masquerade_all: bool = False
-    cluster_cidrs: tuple[IPNetwork, ...] = ()
-    node_ips: tuple[IPAddress, ...] = ()
-    """This node's addresses of ``family`` that accept NodePorts (not kube-ipvs0's)."""
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)
     random_fully: bool = True
     conntrack_tcp_liberal: bool = False
 
     @property
     def mark(self) -> str:
-        return f"{1 << self.masquerade_bit:#x}"
+        return self.proxy.masquerade.mark
 
-    @property
-    def local_cidr(self) -> IPNetwork | None:
-        version = 4 if self.family is IPFamily.IPV4 else 6
-        return next((c for c in self.cluster_cidrs if c.version == version), None)
+
+def nodeport_ips(node: NodeInfo, cfg: IpvsConfig) -> tuple[IPAddress, ...]:
+    """The addresses of ``cfg.family`` that get a virtual server per NodePort: the chosen
+    --nodeport-addresses, or for "all" every local address the kernel reported (the Node
+    object's addresses when rendering offline), never loopback or link-local."""
+    chosen = cfg.proxy.nodeport_addresses.node_ips(node, cfg.family)
+    if chosen is None:
+        chosen = node.local_addresses or node.addresses
+    return tuple(
+        ip
+        for ip in chosen
+        if IPFamily.of(ip) is cfg.family and not ip.is_loopback and not ip.is_link_local
+    )
 
 
 @dataclass
@@ -159,27 +176,33 @@ def _dests(eps: Iterable[Endpoint]) -> dict[DestKey, int]:
 
 def render(state: ProxyState, cfg: IpvsConfig) -> Desired:
     d = Desired()
-    sets = d.ipsets
+    node_ips = nodeport_ips(state.node, cfg)
     for svc in state.sorted_services(cfg.family):
-        _render_service(d, svc, state, cfg)
+        _render_service(d, svc, state, cfg, node_ips)
         for ep in state.endpoints_for(svc.name, cfg.family):
             if ep.ready or (ep.serving and ep.terminating):
-                sets["KUBE-LOOP-BACK"].add(
+                d.ipsets["KUBE-LOOP-BACK"].add(
                     (str(ep.ip), f"{svc.protocol.value.lower()}:{ep.port}", str(ep.ip))
                 )
     d.ipsets = {set_name(n, cfg.family): v for n, v in d.ipsets.items()}
+    local = cfg.proxy.local_cidrs(state.node, cfg.family)
     d.iptables = re.sub(
         r"--match-set (KUBE-[A-Z0-9-]+)",
         lambda m: "--match-set " + set_name(m.group(1), cfg.family),
-        _iptables(cfg),
+        restore_text(
+            [("filter", FILTER_CHAINS, _filter(cfg)), ("nat", NAT_CHAINS, _nat(cfg, local))]
+        ),
     )
     return d
 
 
-def _render_service(d: Desired, svc: ServicePort, state: ProxyState, cfg: IpvsConfig) -> None:
-    proto = PROTO_NUM[svc.protocol]
-    pname = svc.protocol.value.lower()
-    name = str(svc.name)
+def _render_service(
+    d: Desired,
+    svc: ServicePort,
+    state: ProxyState,
+    cfg: IpvsConfig,
+    node_ips: tuple[IPAddress, ...],
+) -> None:
     eps = state.endpoints_for(svc.name, cfg.family)
     sel = categorize_endpoints(svc, eps, state.node)
     timeout = svc.sticky_max_age_seconds if svc.session_affinity_client_ip else 0
@@ -189,27 +212,35 @@ def _render_service(d: Desired, svc: ServicePort, state: ProxyState, cfg: IpvsCo
         d.no_local["internal"] += 1
     if sel.has_any and svc.external_policy_local and svc.externally_accessible and not sel.local:
         d.no_local["external"] += 1
-    sets = d.ipsets
 
     def vs(addr: str, port: int, dests: Iterable[Endpoint], what: str) -> None:
-        d.services[(proto, addr, port)] = VirtualServer(
-            cfg.scheduler, timeout, _dests(dests), f"{name} {what}"
+        d.services[(PROTO_NUM[svc.protocol], addr, port)] = VirtualServer(
+            cfg.proxy.ipvs_scheduler, timeout, _dests(dests), f"{svc.name} {what}"
         )
 
     cip = str(svc.cluster_ip(cfg.family))
     vs(cip, svc.port, internal, "cluster IP")
-    d.addresses.add(cip)
-    sets["KUBE-CLUSTER-IP"].add((cip, f"{pname}:{svc.port}"))
     for eip in map(str, svc.external_ips):
         vs(eip, svc.port, external, "external IP")
-        d.addresses.add(eip)
-        sets["KUBE-EXTERNAL-IP-LOCAL" if svc.external_policy_local else "KUBE-EXTERNAL-IP"].add(
-            (eip, f"{pname}:{svc.port}")
-        )
     for lb in map(str, svc.load_balancer_ips):
         vs(lb, svc.port, external, "loadbalancer IP")
-        d.addresses.add(lb)
-        entry = (lb, f"{pname}:{svc.port}")
+    d.addresses |= {cip, *map(str, svc.external_ips), *map(str, svc.load_balancer_ips)}
+    if svc.node_port:
+        for ip in node_ips:
+            vs(str(ip), svc.node_port, external, "node port")
+    _address_sets(d.ipsets, svc, cip)
+    _port_sets(d.ipsets, svc, node_ips)
+
+
+def _address_sets(sets: dict[str, set[Entry]], svc: ServicePort, cip: str) -> None:
+    """ipset members for the service's addresses (upstream's ipset.go sets)."""
+    port = f"{svc.protocol.value.lower()}:{svc.port}"
+    sets["KUBE-CLUSTER-IP"].add((cip, port))
+    for eip in map(str, svc.external_ips):
+        local = svc.external_policy_local
+        sets["KUBE-EXTERNAL-IP-LOCAL" if local else "KUBE-EXTERNAL-IP"].add((eip, port))
+    for lb in map(str, svc.load_balancer_ips):
+        entry = (lb, port)
         sets["KUBE-LOAD-BALANCER"].add(entry)
         if svc.external_policy_local:
             sets["KUBE-LOAD-BALANCER-LOCAL"].add(entry)
@@ -217,45 +248,39 @@ def _render_service(d: Desired, svc: ServicePort, state: ProxyState, cfg: IpvsCo
             sets["KUBE-LOAD-BALANCER-FW"].add(entry)
             for cidr in svc.load_balancer_source_ranges:
                 sets["KUBE-LOAD-BALANCER-SOURCE-CIDR"].add((*entry, str(cidr)))
-    if svc.node_port:
-        for ip in cfg.node_ips:
-            vs(str(ip), svc.node_port, external, "node port")
-        if svc.protocol is Protocol.SCTP:
-            for ip in cfg.node_ips:
-                target = (
-                    "KUBE-NODE-PORT-LOCAL-SCTP-HASH"
-                    if svc.external_policy_local
-                    else "KUBE-NODE-PORT-SCTP-HASH"
-                )
-                sets[target].add((str(ip), f"sctp:{svc.node_port}"))
-        else:
-            up = svc.protocol.value
-            sets[f"KUBE-NODE-PORT-{up}"].add((svc.node_port,))
-            if svc.external_policy_local:
-                sets[f"KUBE-NODE-PORT-LOCAL-{up}"].add((svc.node_port,))
+
+
+def _port_sets(
+    sets: dict[str, set[Entry]], svc: ServicePort, node_ips: tuple[IPAddress, ...]
+) -> None:
+    """ipset members for NodePorts and health-check node ports."""
+    if svc.node_port and svc.protocol is Protocol.SCTP:
+        local = svc.external_policy_local
+        target = "KUBE-NODE-PORT-LOCAL-SCTP-HASH" if local else "KUBE-NODE-PORT-SCTP-HASH"
+        for ip in node_ips:
+            sets[target].add((str(ip), f"sctp:{svc.node_port}"))
+    elif svc.node_port:
+        up = svc.protocol.value
+        sets[f"KUBE-NODE-PORT-{up}"].add((svc.node_port,))
+        if svc.external_policy_local:
+            sets[f"KUBE-NODE-PORT-LOCAL-{up}"].add((svc.node_port,))
     if svc.health_check_node_port:
         sets["KUBE-HEALTH-CHECK-NODE-PORT"].add((svc.health_check_node_port,))
 
 
-def _iptables(cfg: IpvsConfig) -> str:
-    mark = cfg.mark
-    masq_src = (
-        [] if cfg.masquerade_all or cfg.local_cidr is None else ["!", "-s", str(cfg.local_cidr)]
-    )
-    nat = ["*nat", *(f":{c} - [0:0]" for c in NAT_CHAINS)]
-    nat += [
+def _nat(cfg: IpvsConfig, local_cidrs: tuple[IPNetwork, ...]) -> list[str]:
+    not_local = if_not_local(local_cidrs)
+    masq_src = [] if cfg.proxy.masquerade.all or not_local is None else not_local
+    nat = [
         '-A KUBE-POSTROUTING -m comment --comment "Kubernetes endpoints dst ip:port, source ip '
         'for solving hairpin purpose" -m set --match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE',
-        f"-A KUBE-POSTROUTING -m mark ! --mark {mark}/{mark} -j RETURN",
-        f"-A KUBE-POSTROUTING -j MARK --xor-mark {mark}",
-        '-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" '
-        "-j MASQUERADE" + (" --random-fully" if cfg.random_fully else ""),
-        f"-A KUBE-MARK-MASQ -j MARK --or-mark {mark}",
+        *postrouting_rules(cfg.mark, cfg.random_fully),
+        *mark_masq_rules(cfg.mark),
         '-A KUBE-SERVICES -m comment --comment "Kubernetes service lb portal" '
         "-m set --match-set KUBE-LOAD-BALANCER dst,dst -j KUBE-LOAD-BALANCER",
         '-A KUBE-SERVICES -m comment --comment "Kubernetes service cluster ip + port for '
         'masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst '
-        + " ".join([*masq_src, "-j", "KUBE-MARK-MASQ"]).strip(),
+        + " ".join([*masq_src, "-j", "KUBE-MARK-MASQ"]),
         '-A KUBE-SERVICES -m comment --comment "Kubernetes service external ip + port for '
         'masquerade and filter purpose" -m set --match-set KUBE-EXTERNAL-IP dst,dst '
         "-j KUBE-MARK-MASQ",
@@ -280,23 +305,20 @@ def _iptables(cfg: IpvsConfig) -> str:
             f'for masquerade purpose" -m set --match-set KUBE-NODE-PORT-{proto} dst '
             "-j KUBE-MARK-MASQ",
         ]
-    nat += [
+    return [
+        *nat,
         '-A KUBE-NODE-PORT -p sctp -m comment --comment "Kubernetes nodeport SCTP port with '
         'externalTrafficPolicy=local" -m set --match-set KUBE-NODE-PORT-LOCAL-SCTP-HASH dst,dst '
         "-j RETURN",
         '-A KUBE-NODE-PORT -p sctp -m comment --comment "Kubernetes nodeport SCTP port for '
         'masquerade purpose" -m set --match-set KUBE-NODE-PORT-SCTP-HASH dst,dst '
         "-j KUBE-MARK-MASQ",
-        "COMMIT",
     ]
-    filt = ["*filter", *(f":{c} - [0:0]" for c in FILTER_CHAINS)]
-    if not cfg.conntrack_tcp_liberal:
-        filt.append("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP")
-    filt += [
-        '-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" '
-        f"-m mark --mark {mark}/{mark} -j ACCEPT",
-        '-A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" '
-        "-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+
+
+def _filter(cfg: IpvsConfig) -> list[str]:
+    return [
+        *forward_rules(cfg.mark, cfg.conntrack_tcp_liberal),
         '-A KUBE-NODE-PORT -m comment --comment "Kubernetes health check node port" '
         "-m set --match-set KUBE-HEALTH-CHECK-NODE-PORT dst -j ACCEPT",
         '-A KUBE-PROXY-FIREWALL -m comment --comment "Kubernetes service load balancer ip + '
@@ -310,6 +332,4 @@ def _iptables(cfg: IpvsConfig) -> str:
         "-A KUBE-IPVS-FILTER -m set --match-set KUBE-EXTERNAL-IP dst,dst -j RETURN",
         "-A KUBE-IPVS-FILTER -m set --match-set KUBE-EXTERNAL-IP-LOCAL dst,dst -j RETURN",
         "-A KUBE-IPVS-FILTER -m set --match-set KUBE-HEALTH-CHECK-NODE-PORT dst -j RETURN",
-        "COMMIT",
     ]
-    return "\n".join(filt + nat) + "\n"

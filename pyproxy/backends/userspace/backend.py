@@ -14,16 +14,14 @@ import logging
 import time
 from collections.abc import Mapping
 
-from pyproxy.backends.base import Backend, BackendError, BackendUnavailable, SyncRequest, SyncResult
+from prometheus_client import CollectorRegistry, Gauge
+
+from pyproxy.backends.base import Backend, BackendError, SyncRequest, SyncResult
 from pyproxy.backends.userspace.relay import PortSpec, Relay
-from pyproxy.kernel.iptables import (
-    Iptables,
-    IptablesError,
-    chains_in_save,
-    detect_backend,
-    remove_chains,
-    working_tables,
-)
+from pyproxy.backends.xtables.rules import NEW, JumpRule
+from pyproxy.backends.xtables.tables import cleanup_everywhere, ensure_jumps, open_tables
+from pyproxy.config.settings import ProxyConfig
+from pyproxy.kernel.iptables import Iptables, IptablesError
 from pyproxy.model.selection import categorize_endpoints
 from pyproxy.model.types import IPFamily, Protocol, ProxyState, ServicePort
 
@@ -36,52 +34,25 @@ NAT_CHAINS = (
     "KUBE-NODEPORT-HOST",
 )
 FILTER_CHAINS = ("KUBE-SERVICES", "KUBE-EXTERNAL-SERVICES")
-NEW = ("-m", "conntrack", "--ctstate", "NEW")
 LOCAL = ("-m", "addrtype", "--dst-type", "LOCAL")
-# (table, from, to, match, comment), in the order they must end up (each is prepended)
-JUMPS: tuple[tuple[str, str, str, tuple[str, ...], str], ...] = (
-    (
-        "nat",
-        "PREROUTING",
-        "KUBE-PORTALS-CONTAINER",
-        (),
-        "handle ClusterIPs; NOTE: this must be before the NodePort rules",
-    ),
-    (
-        "nat",
-        "OUTPUT",
-        "KUBE-PORTALS-HOST",
-        (),
-        "handle ClusterIPs; NOTE: this must be before the NodePort rules",
-    ),
-    (
-        "nat",
-        "PREROUTING",
-        "KUBE-NODEPORT-CONTAINER",
-        LOCAL,
-        "handle service NodePorts; NOTE: this must be the last rule in the chain",
-    ),
-    (
-        "nat",
-        "OUTPUT",
-        "KUBE-NODEPORT-HOST",
-        LOCAL,
-        "handle service NodePorts; NOTE: this must be the last rule in the chain",
-    ),
-    ("filter", "FORWARD", "KUBE-SERVICES", NEW, "kubernetes service portals"),
-    ("filter", "OUTPUT", "KUBE-SERVICES", NEW, "kubernetes service portals"),
-    (
+PORTALS = "handle ClusterIPs; NOTE: this must be before the NodePort rules"
+NODEPORTS = "handle service NodePorts; NOTE: this must be the last rule in the chain"
+# Each is prepended in turn, so within a chain the last listed ends up first.
+JUMPS = (
+    JumpRule("nat", "PREROUTING", "KUBE-NODEPORT-CONTAINER", NODEPORTS, LOCAL),
+    JumpRule("nat", "OUTPUT", "KUBE-NODEPORT-HOST", NODEPORTS, LOCAL),
+    JumpRule("nat", "PREROUTING", "KUBE-PORTALS-CONTAINER", PORTALS),
+    JumpRule("nat", "OUTPUT", "KUBE-PORTALS-HOST", PORTALS),
+    JumpRule("filter", "FORWARD", "KUBE-SERVICES", "kubernetes service portals", NEW),
+    JumpRule("filter", "OUTPUT", "KUBE-SERVICES", "kubernetes service portals", NEW),
+    JumpRule(
         "filter",
         "INPUT",
         "KUBE-EXTERNAL-SERVICES",
-        NEW,
         "kubernetes externally-visible service portals",
+        NEW,
     ),
 )
-
-
-def _args(jump: tuple[str, str, str, tuple[str, ...], str]) -> list[str]:
-    return [*jump[3], "-m", "comment", "--comment", jump[4], "-j", jump[2]]
 
 
 def key_of(sp: ServicePort) -> str:
@@ -157,16 +128,24 @@ class UserspaceBackend(Backend):
 
     def __init__(
         self,
-        iptables_backend: str = "auto",
+        cfg: ProxyConfig,
         connect_timeout: float = 1.0,
         udp_idle_timeout: float = 30.0,
         max_connections: int = 1000,
     ) -> None:
-        self._backend_name = iptables_backend
+        self.proxy = cfg
         self._opts = (connect_timeout, udp_idle_timeout, max_connections)
         self._ipt: Iptables | None = None
         self._relay: Relay | None = None
         self._warned_sctp: set[str] = set()
+        self._listeners: Gauge | None = None
+
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        self._listeners = Gauge(
+            "pyproxy_userspace_listeners",
+            "Service ports the userspace relay listens for",
+            registry=registry,
+        )
 
     @property
     def relay(self) -> Relay:
@@ -183,10 +162,9 @@ class UserspaceBackend(Backend):
     def sync(self, request: SyncRequest) -> SyncResult:
         t0 = time.monotonic()
         if self._ipt is None:
-            try:
-                self._ipt = Iptables(detect_backend(self._backend_name))
-            except IptablesError as err:
-                raise BackendUnavailable(str(err)) from None
+            self._ipt = open_tables(self.proxy.iptables_backend, (IPFamily.IPV4,), self.mode)[
+                IPFamily.IPV4
+            ]
         for sp in request.state.services.values():
             if sp.protocol is Protocol.SCTP and str(sp.name) not in self._warned_sctp:
                 self._warned_sctp.add(str(sp.name))
@@ -196,38 +174,25 @@ class UserspaceBackend(Backend):
         text = render_rules(request.state, ports)
         t1 = time.monotonic()
         try:
-            if request.full:
-                for jump in reversed(JUMPS):
-                    self._ipt.ensure_chain(jump[0], jump[2])
-                    self._ipt.ensure_rule_first(jump[0], jump[1], _args(jump))
             self._ipt.restore(text)
         except IptablesError as err:
             raise BackendError(f"iptables-restore failed: {err}") from None
-        lines = sum(1 for line in text.splitlines() if line.startswith("-A"))
+        if request.full:
+            declared = {("nat", c) for c in NAT_CHAINS} | {("filter", c) for c in FILTER_CHAINS}
+            ensure_jumps(self._ipt, JUMPS, declared)
+        if self._listeners is not None:
+            self._listeners.set(len(ports))
         return SyncResult(
             full=True,
-            families=("IPv4",),
-            rules_total={"nat/IPv4": lines},
-            rules_written={"nat/IPv4": lines},
+            families=(IPFamily.IPV4,),
             render_seconds=t1 - t0,
             apply_seconds=time.monotonic() - t1,
         )
 
     def cleanup(self) -> None:
-        errors = []
-        for ipt in working_tables():
-            if ipt.ipv6:
-                continue
-            try:
-                for jump in JUMPS:
-                    ipt.delete_rule(jump[0], jump[1], _args(jump))
-                for table, chains in (("nat", NAT_CHAINS), ("filter", FILTER_CHAINS)):
-                    present = chains_in_save(ipt.save(table))
-                    remove_chains(ipt, table, [c for c in chains if c in present])
-            except IptablesError as err:
-                errors.append(f"{ipt.backend}: {err}")
-        if errors:
-            raise BackendError("; ".join(errors))
+        cleanup_everywhere(
+            JUMPS, {"nat": NAT_CHAINS, "filter": FILTER_CHAINS}, families=(IPFamily.IPV4,)
+        )
 
     def close(self) -> None:
         if self._relay is not None:

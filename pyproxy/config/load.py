@@ -1,0 +1,400 @@
+"""Flags and a KubeProxyConfiguration file -> one validated ``ProxyConfig``.
+
+One table (``SETTINGS``) names every setting once: its flag, its field in the file
+(kubeproxy.config.k8s.io/v1alpha1; sync periods and masquerade settings are read from the
+section of the chosen mode, as upstream converts them), its default and its parser. Defaults
+< file < flags given on the command line. A field pyproxy does not know is named in a
+warning; a bad value is one ``ConfigError`` line naming the flag or the file's field.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import re
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pyproxy.config.settings import (
+    IPTABLES_BACKENDS,
+    IPVS_SCHEDULERS,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    MODES,
+    DetectLocalMode,
+    Masquerade,
+    ProxyConfig,
+    Source,
+)
+from pyproxy.model.nodeports import NodePortAddresses
+from pyproxy.model.types import IPNetwork
+
+log = logging.getLogger(__name__)
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+API_VERSION = "kubeproxy.config.k8s.io/v1alpha1"
+KIND = "KubeProxyConfiguration"
+
+
+class ConfigError(ValueError):
+    """A bad setting; the message is one line naming the flag or file field."""
+
+
+# ---- value parsers: raw (flag text, flag value or YAML value) -> typed, or ValueError -------
+
+
+def duration(value: Any) -> float:
+    """Go-style durations ("1s", "500ms", "1m30s") or plain seconds."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        text = str(value).strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            parts = _DURATION.findall(text)
+            if not parts or "".join(n + u for n, u in parts) != text:
+                raise ValueError(f"invalid duration {value!r} (e.g. 1s, 500ms, 1m)") from None
+            seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+    if seconds < 0:
+        raise ValueError(f"duration {value!r} must not be negative")
+    return seconds
+
+
+def _items(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, list | tuple):
+        return [str(v) for v in value]
+    return str(value).split(",")
+
+
+def cidrs(value: Any) -> tuple[IPNetwork, ...]:
+    out = []
+    for part in (p.strip() for p in _items(value)):
+        if not part:
+            continue
+        try:
+            out.append(ipaddress.ip_network(part, strict=False))
+        except ValueError:
+            raise ValueError(f"{part!r} is not a CIDR") from None
+    if len({n.version for n in out}) != len(out):
+        raise ValueError("give at most one CIDR per IP family")
+    return tuple(out)
+
+
+def bind_address(value: Any) -> tuple[str, int] | None:
+    """host:port, [v6]:port, or empty to disable."""
+    text = str(value or "").strip()
+    if not text:
+        return None
+    m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:(\d+)|([^:\[\]]*):(\d+)", text)
+    if not m:
+        raise ValueError(f"{text!r} is not host:port")
+    host = m.group(1) or m.group(3) or "0.0.0.0"
+    port = int(m.group(2) or m.group(4))
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port {port} is out of range")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"{host!r} is not an IP address") from None
+    return host, port
+
+
+def boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ValueError(f"{value!r} is not true or false")
+
+
+def masquerade_bit(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"{value!r} is not an integer")
+    try:
+        bit = int(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an integer") from None
+    if not 0 <= bit <= 31:
+        raise ValueError("must be within 0-31")
+    return bit
+
+
+def choice(*allowed: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        if str(value) not in allowed:
+            raise ValueError(f"{value!r} is not one of {', '.join(allowed)}")
+        return str(value)
+
+    return parse
+
+
+def text(value: Any) -> str | None:
+    return None if value is None or value == "" else str(value)
+
+
+def raw_text(value: Any) -> str | None:
+    """Like ``text`` but keeps an empty string, which some settings reject."""
+    return None if value is None else str(value)
+
+
+def nodeport_addresses(value: Any) -> NodePortAddresses:
+    return NodePortAddresses.parse(_items(value))
+
+
+def detect_local_mode(value: Any) -> DetectLocalMode:
+    try:
+        return DetectLocalMode(str(value))
+    except ValueError:
+        modes = ", ".join(m.value for m in DetectLocalMode)
+        raise ValueError(f"{value!r} is not one of {modes}") from None
+
+
+# ---- the settings table ---------------------------------------------------------------------
+
+
+def _sync_section(mode: str) -> str:
+    return mode if mode in ("ipvs", "nftables") else "iptables"
+
+
+def _masq_section(mode: str) -> str:
+    return "nftables" if mode == "nftables" else "iptables"
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    """The click parameter name and the key of the merged values."""
+    flag: str
+    field: str | Callable[[str], str] | None
+    """Path in the file (dots for nesting), or a function of the mode; None: flag only."""
+    default: Any
+    parse: Callable[[Any], Any]
+
+    def field_for(self, mode: str) -> str | None:
+        return self.field(mode) if callable(self.field) else self.field
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("mode", "--mode", "mode", "iptables", choice(*MODES)),
+    Setting("hostname_override", "--hostname-override", "hostnameOverride", None, raw_text),
+    Setting("kubeconfig", "--kubeconfig", "clientConnection.kubeconfig", None, text),
+    Setting("master", "--master", None, None, text),
+    Setting("manifests", "--manifests", None, None, text),
+    Setting("cluster_cidr", "--cluster-cidr", "clusterCIDR", "", cidrs),
+    Setting(
+        "detect_local_mode",
+        "--detect-local-mode",
+        "detectLocalMode",
+        "ClusterCIDR",
+        detect_local_mode,
+    ),
+    Setting(
+        "masquerade_all",
+        "--masquerade-all",
+        lambda m: f"{_masq_section(m)}.masqueradeAll",
+        False,
+        boolean,
+    ),
+    Setting(
+        "masquerade_bit",
+        "--iptables-masquerade-bit",
+        lambda m: f"{_masq_section(m)}.masqueradeBit",
+        14,
+        masquerade_bit,
+    ),
+    Setting(
+        "nodeport_addresses",
+        "--nodeport-addresses",
+        "nodePortAddresses",
+        None,
+        nodeport_addresses,
+    ),
+    Setting(
+        "localhost_nodeports",
+        "--iptables-localhost-nodeports",
+        "iptables.localhostNodePorts",
+        True,
+        boolean,
+    ),
+    Setting(
+        "min_sync_period",
+        "--min-sync-period",
+        lambda m: f"{_sync_section(m)}.minSyncPeriod",
+        "1s",
+        duration,
+    ),
+    Setting(
+        "sync_period",
+        "--sync-period",
+        lambda m: f"{_sync_section(m)}.syncPeriod",
+        "30s",
+        duration,
+    ),
+    Setting("ipvs_scheduler", "--ipvs-scheduler", "ipvs.scheduler", "rr", choice(*IPVS_SCHEDULERS)),
+    Setting("ipvs_strict_arp", "--ipvs-strict-arp", "ipvs.strictARP", False, boolean),
+    Setting(
+        "metrics_bind_address",
+        "--metrics-bind-address",
+        "metricsBindAddress",
+        "127.0.0.1:10249",
+        bind_address,
+    ),
+    Setting(
+        "healthz_bind_address",
+        "--healthz-bind-address",
+        "healthzBindAddress",
+        "0.0.0.0:10256",
+        bind_address,
+    ),
+    Setting("iptables_backend", "--iptables-backend", None, "auto", choice(*IPTABLES_BACKENDS)),
+    Setting("log_level", "--log-level", None, "info", choice(*LOG_LEVELS)),
+    Setting("log_format", "--log-format", None, "text", choice(*LOG_FORMATS)),
+)
+BY_NAME = {s.name: s for s in SETTINGS}
+IGNORED_FIELDS = ("apiVersion", "kind")
+
+
+# ---- the file -------------------------------------------------------------------------------
+
+
+def read_file(path: str) -> dict[str, Any]:
+    """The file's fields, flattened to dotted paths."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        doc = yaml.load(Path(path).read_text(), Loader=loader)
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"--config: cannot read {path}: {str(err).splitlines()[0]}") from None
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"--config: {path} is not a {KIND} mapping")
+    if doc.get("kind", KIND) != KIND:
+        raise ConfigError(f"--config: {path} has kind {doc.get('kind')!r}, want {KIND}")
+    return _flatten(doc)
+
+
+def _known_fields() -> set[str]:
+    return {f for s in SETTINGS for m in MODES if (f := s.field_for(m)) is not None}
+
+
+def _flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    known = _known_fields()
+    out: dict[str, Any] = {}
+    for k, v in doc.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and key not in known:
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _warn_unknown(path: str, fields: Mapping[str, Any]) -> None:
+    known = _known_fields()
+    for key, value in fields.items():
+        if key in known or key in IGNORED_FIELDS or value in (None, "", [], {}, 0, False):
+            continue
+        log.warning("--config %s: field %s is not supported by pyproxy; ignored", path, key)
+
+
+# ---- merge and validate ---------------------------------------------------------------------
+
+
+def _pick(
+    s: Setting, flags: Mapping[str, Any], fields: Mapping[str, Any], mode: str, path: str | None
+) -> tuple[Any, str]:
+    """(raw value, where it came from) by precedence: flag, file, default."""
+    if s.name in flags:
+        return flags[s.name], s.flag
+    field = s.field_for(mode)
+    if field is not None and fields.get(field) not in (None, ""):
+        return fields[field], f"--config {path}: {field}"
+    return s.default, s.flag
+
+
+def load(flags: Mapping[str, Any], config_file: str | None = None) -> ProxyConfig:
+    """The configuration from the flags given on the command line (name -> value, only the
+    ones the user set) over an optional file over the defaults."""
+    fields = read_file(config_file) if config_file else {}
+    if config_file:
+        _warn_unknown(config_file, fields)
+    values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    mode = "iptables"
+    for s in SETTINGS:  # "mode" is first: the file's sections depend on it
+        raw, origin = _pick(s, flags, fields, mode, config_file)
+        try:
+            values[s.name] = s.parse(raw)
+        except ValueError as err:
+            raise ConfigError(f"{origin}: {err}") from None
+        origins[s.name] = origin
+        if s.name == "mode":
+            mode = values["mode"]
+    return _build(values, origins)
+
+
+def _build(v: Mapping[str, Any], origin: Mapping[str, str]) -> ProxyConfig:
+    if v["sync_period"] <= 0:
+        raise ConfigError(f"{origin['sync_period']}: must be greater than 0")
+    if v["min_sync_period"] > v["sync_period"]:
+        raise ConfigError(f"{origin['min_sync_period']}: must not exceed the sync period")
+    manifests = Path(v["manifests"]) if v["manifests"] else None
+    if manifests is not None and not manifests.is_dir():
+        raise ConfigError(f"--manifests: {manifests} is not a readable directory")
+    if manifests is None and v["kubeconfig"] and not Path(v["kubeconfig"]).is_file():
+        raise ConfigError(f"{origin['kubeconfig']}: {v['kubeconfig']} is not a readable file")
+    npa = v["nodeport_addresses"]
+    if npa is None:  # unset: upstream's per-mode default
+        npa = NodePortAddresses(primary=True) if v["mode"] == "nftables" else NodePortAddresses()
+    return ProxyConfig(
+        mode=v["mode"],
+        node_name=node_name(v["hostname_override"], origin["hostname_override"]),
+        source=Source(manifests, v["kubeconfig"], v["master"]),
+        cluster_cidrs=v["cluster_cidr"],
+        detect_local_mode=v["detect_local_mode"],
+        masquerade=Masquerade(v["masquerade_bit"], v["masquerade_all"]),
+        nodeport_addresses=npa,
+        localhost_nodeports=v["localhost_nodeports"],
+        min_sync_period=v["min_sync_period"],
+        sync_period=v["sync_period"],
+        iptables_backend=v["iptables_backend"],
+        ipvs_scheduler=v["ipvs_scheduler"],
+        ipvs_strict_arp=v["ipvs_strict_arp"],
+        metrics_address=v["metrics_bind_address"],
+        healthz_address=v["healthz_bind_address"],
+        log_level=v["log_level"],
+        log_format=v["log_format"],
+    )
+
+
+def node_name(override: str | None, origin: str = "--hostname-override") -> str:
+    """Upstream trims and lowercases the override; without one, the host name."""
+    if override is None:
+        return socket.gethostname().lower()
+    name = override.strip().lower()
+    if not name:
+        raise ConfigError(f"{origin}: must not be empty")
+    return name
+
+
+def default_document() -> dict[str, Any]:
+    """The defaults as a KubeProxyConfiguration (for --write-config-to), iptables sections."""
+    doc: dict[str, Any] = {"apiVersion": API_VERSION, "kind": KIND}
+    for s in SETTINGS:
+        field = s.field_for("iptables")
+        if field is None:
+            continue
+        value = s.default
+        if value is None:
+            value = [] if s.name == "nodeport_addresses" else ""
+        node = doc
+        *parents, leaf = field.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return doc

@@ -1,0 +1,88 @@
+"""Which node addresses accept NodePort traffic (``--nodeport-addresses``), decided once for
+every backend from the node's facts.
+
+Upstream takes CIDRs or the single word ``primary`` (the node's IP of each family from its
+Node object); unset means every local address. pyproxy also accepts ``all`` (the same as
+unset) and ``localhost`` (127.0.0.1 and ::1, alone or beside the others).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from pyproxy.model.types import IPAddress, IPFamily, IPNetwork, NodeInfo
+
+KEYWORDS = ("all", "primary", "localhost")
+LOOPBACK = {
+    IPFamily.IPV4: ipaddress.ip_address("127.0.0.1"),
+    IPFamily.IPV6: ipaddress.ip_address("::1"),
+}
+
+
+@dataclass(frozen=True)
+class NodePortAddresses:
+    cidrs: tuple[IPNetwork, ...] = ()
+    primary: bool = False
+    localhost: bool = False
+
+    @property
+    def all(self) -> bool:
+        """True when NodePorts are open on every local address of both families."""
+        return not self.cidrs and not self.primary and not self.localhost
+
+    @classmethod
+    def parse(cls, items: list[str] | tuple[str, ...]) -> NodePortAddresses:
+        """From flag or file values; raises ValueError naming the bad item."""
+        words = [str(i).strip() for i in items if str(i).strip()]
+        cidrs: list[IPNetwork] = []
+        for w in words:
+            if w in KEYWORDS:
+                continue
+            try:
+                cidrs.append(ipaddress.ip_network(w, strict=False))
+            except ValueError:
+                raise ValueError(
+                    f"{w!r} is neither a CIDR nor one of {', '.join(KEYWORDS)}"
+                ) from None
+        if "all" in words and len(words) > 1:
+            raise ValueError("'all' cannot be combined with other values")
+        if "primary" in words and cidrs:
+            raise ValueError("can't use both 'primary' and CIDRs")
+        return cls(tuple(cidrs), "primary" in words, "localhost" in words)
+
+    @property
+    def contains_ipv4_loopback(self) -> bool:
+        """Whether 127.0.0.1 can be a NodePort address (upstream's ContainsIPv4Loopback)."""
+        if self.all or self.localhost:
+            return True
+        start = ipaddress.ip_address("127.0.0.0")
+        return any(
+            c.version == 4 and (c.network_address.is_loopback or start in c) for c in self.cidrs
+        )
+
+    def __str__(self) -> str:
+        words = [str(c) for c in self.cidrs]
+        words += [w for w, on in (("primary", self.primary), ("localhost", self.localhost)) if on]
+        return ",".join(words) or "all"
+
+    def node_ips(self, node: NodeInfo, family: IPFamily) -> tuple[IPAddress, ...] | None:
+        """The addresses of ``family`` that accept NodePorts, or None for "every local
+        address" (a match on the kernel's LOCAL address type). CIDRs match the node's
+        interface addresses and its Node object's addresses. As upstream, a family for which
+        neither a CIDR nor a primary IP is known accepts NodePorts on every address."""
+        if self.all:
+            return None
+        primary = node.primary_ip(family) if self.primary else None
+        if primary is not None and primary.is_loopback:
+            primary = None
+        cidrs = [c for c in self.cidrs if IPFamily.of(c) is family]
+        if (self.cidrs or self.primary) and not cidrs and primary is None:
+            return None
+        chosen: list[IPAddress] = [primary] if primary is not None else []
+        known = tuple(dict.fromkeys((*node.local_addresses, *node.addresses)))
+        for cidr in cidrs:
+            chosen += [ip for ip in known if ip.version == cidr.version and ip in cidr]
+        if self.localhost:
+            chosen.append(LOOPBACK[family])
+        return tuple(dict.fromkeys(chosen))
