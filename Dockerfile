@@ -3,12 +3,8 @@
 # that cannot pull, tests/image/build.sh makes a local one from Debian's packages.
 ARG BASE=python:3.11-slim-bookworm
 
+# Every dependency is pure Python or ships a wheel: the build stage needs no compiler.
 FROM ${BASE} AS build
-# python-iptables compiles a small C wrapper: the build stage needs a compiler and headers.
-RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc libc6-dev \
- && if ! python3 -c 'import os,sys,sysconfig; sys.exit(not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))'; then \
-      DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-dev; fi
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY pyproxy ./pyproxy

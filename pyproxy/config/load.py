@@ -144,8 +144,10 @@ def raw_text(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def nodeport_addresses(value: Any) -> NodePortAddresses:
-    return NodePortAddresses.parse(_items(value))
+def nodeport_addresses(value: Any) -> NodePortAddresses | None:
+    """None when unset (the default then depends on the mode)."""
+    items = [i for i in _items(value) if i.strip()]
+    return NodePortAddresses.parse(items) if items else None
 
 
 def detect_local_mode(value: Any) -> DetectLocalMode:

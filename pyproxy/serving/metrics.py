@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 
 from pyproxy.backends.metrics import FAMILY, SYNC_BUCKETS
 from pyproxy.model.types import IPFamily
@@ -29,6 +35,7 @@ NETWORK_PROGRAMMING_BUCKETS = (
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # upstream has no *_created
         self.registry = r = registry
         self.sync_duration = Histogram(
             "kubeproxy_sync_proxy_rules_duration_seconds",

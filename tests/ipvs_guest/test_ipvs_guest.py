@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.netns import test_iptables_traffic as traffic
+from tests.netns.scrape import METRICS_URL, check_mode_families, get, metric, scrape
 from tests.netns.test_iptables_traffic import DNS, DNS_EP, HTTP, HTTP_EP, pods, svc
 from tests.netns.world import (
     NODE_CLIENT_IP,
@@ -49,6 +50,8 @@ def proxy(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Py
         "2s",
         "--iptables-backend",
         "legacy",
+        "--metrics-bind-address",
+        "127.0.0.1:10249",
         mode="ipvs",
     ).start()
     try:
@@ -219,6 +222,24 @@ def test_dual_stack_service(world: World, proxy: Pyproxy) -> None:
         assert names_in(r) == {"pod-1", "pod-2"} and total(r) == 20, (host, port, proto, r)
     assert "[fd00:96::76]:80 rr" in ipvsadm(world)
     assert "fd00:96::76" in world.exec(world.node, "ipset", "list", "KUBE-6-CLUSTER-IP").stdout
+
+
+def test_metric_families_are_the_modes_own(world: World, proxy: Pyproxy) -> None:
+    proxy.write(
+        "mf", *manifest_objects(world, svc("mf", "10.96.7.9", [HTTP]), pods(world, 1), HTTP_EP)
+    )
+    reachable(world, "10.96.7.9")
+    fam = '{ip_family="IPv4"}'
+    text = wait_for(lambda: get(world, METRICS_URL)["code"] == 200 and scrape(world))
+    check_mode_families(text, "ipvs")
+    vs = metric(text, "pyproxy_ipvs_virtual_servers", fam)
+    assert vs >= 1 and metric(text, "pyproxy_ipvs_real_servers", fam) >= 1
+    proxy.remove("mf")
+    wait_for(
+        lambda: metric(scrape(world), "pyproxy_ipvs_virtual_servers", fam) == vs - 1,
+        timeout=30,
+        what="the virtual server count to drop",
+    )
 
 
 def test_unknown_scheduler_is_a_clear_error(world: World) -> None:

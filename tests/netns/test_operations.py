@@ -5,13 +5,13 @@ namespace (loopback there) or from a client namespace."""
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import pytest
 
+from tests.netns.scrape import check_mode_families, get, metric, scrape
 from tests.netns.test_iptables_traffic import HTTP, HTTP_EP, pods, reachable, svc
-from tests.netns.world import PYTHON, Pyproxy, World, manifest_objects, wait_for
+from tests.netns.world import Pyproxy, World, manifest_objects, wait_for
 
 pytestmark = pytest.mark.netns
 PYPROXY_FLAGS = (
@@ -22,34 +22,6 @@ PYPROXY_FLAGS = (
     "--sync-period",
     "1s",
 )
-
-GET = r"""
-import json, sys, urllib.request, urllib.error
-try:
-    r = urllib.request.urlopen(sys.argv[1], timeout=5)
-    code, body, ctype = r.status, r.read().decode(), r.headers.get("Content-Type")
-except urllib.error.HTTPError as e:
-    code, body, ctype = e.code, e.read().decode(), e.headers.get("Content-Type")
-except OSError as e:
-    code, body, ctype = 0, str(e), None
-print(json.dumps({"code": code, "body": body, "type": ctype}))
-"""
-
-
-def get(world: World, url: str, ns: str | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = json.loads(world.exec(ns or world.node, PYTHON, "-c", GET, url).stdout)
-    return out
-
-
-def metric(text: str, name: str, labels: str = "") -> float:
-    m = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
-
-
-def scrape(world: World) -> str:
-    r = get(world, "http://127.0.0.1:10249/metrics")
-    assert r["code"] == 200
-    return str(r["body"])
 
 
 def test_metrics_move_with_syncs(world: World, proxy: Pyproxy) -> None:
@@ -88,6 +60,34 @@ def test_metrics_move_with_syncs(world: World, proxy: Pyproxy) -> None:
         'kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.001"}' in after
     )  # upstream's buckets: ExponentialBuckets(0.001, 2, 15)
     assert get(world, "http://127.0.0.1:10249/proxyMode")["body"] == "iptables"
+
+
+def test_metric_families_are_the_modes_own(world: World, proxy: Pyproxy) -> None:
+    wait_for(lambda: get(world, "http://127.0.0.1:10249/metrics")["code"] == 200, what="metrics")
+    nat = '{ip_family="IPv4",table="nat"}'
+    before = scrape(world)
+    check_mode_families(before, "iptables")
+    full = 'kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv4"}'
+    partial = 'kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="IPv4"}'
+    proxy.write(
+        "fam", *manifest_objects(world, svc("fam", "10.96.5.9", [HTTP]), pods(world, 1), HTTP_EP)
+    )
+    reachable(world, "10.96.5.9")
+    after = wait_for(
+        lambda: (
+            lambda t: (
+                t
+                if metric(t, "kubeproxy_sync_proxy_rules_iptables_total", nat)
+                > metric(before, "kubeproxy_sync_proxy_rules_iptables_total", nat)
+                else None
+            )
+        )(scrape(world)),
+        what="the nat rule count to grow",
+    )
+    assert metric(after, "kubeproxy_sync_proxy_rules_iptables_last", nat) > 0
+    assert metric(after, full) + metric(after, partial) > metric(before, full) + metric(
+        before, partial
+    )
 
 
 def test_healthz_follows_sync_health(world: World, proxy: Pyproxy) -> None:

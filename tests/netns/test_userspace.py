@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.netns.scrape import check_mode_families, metric, scrape
 from tests.netns.test_iptables_traffic import DNS, DNS_EP, HTTP, HTTP_EP, pods, reachable, svc
 from tests.netns.world import (
     NODE_CLIENT_IP,
@@ -23,6 +24,7 @@ from tests.netns.world import (
 
 pytestmark = pytest.mark.netns
 PYPROXY_MODE = "userspace"
+PYPROXY_FLAGS = ("--metrics-bind-address", "127.0.0.1:10249")
 
 
 def test_tcp_and_udp_round_robin_via_cluster_ip_and_node_port(world: World, proxy: Pyproxy) -> None:
@@ -193,6 +195,22 @@ def test_no_endpoints_refused(world: World, proxy: Pyproxy) -> None:
         what="the REJECT rule",
     )
     assert world.probe("tcp", "10.96.8.6", 80, count=3, timeout=3)["errors"] == {"refused": 3}
+
+
+def test_metric_families_are_the_modes_own(world: World, proxy: Pyproxy) -> None:
+    proxy.write(
+        "mf", *manifest_objects(world, svc("mf", "10.96.8.9", [HTTP]), pods(world, 1), HTTP_EP)
+    )
+    reachable(world, "10.96.8.9")
+    text = scrape(world)
+    check_mode_families(text, "userspace")
+    listeners = metric(text, "pyproxy_userspace_listeners")
+    assert listeners >= 1
+    proxy.remove("mf")
+    wait_for(
+        lambda: metric(scrape(world), "pyproxy_userspace_listeners") == listeners - 1,
+        what="the listener count to drop",
+    )
 
 
 def test_cleanup_leaves_no_rule(world: World, proxy: Pyproxy) -> None:
