@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -118,105 +118,120 @@ def _protocol(kind: str, ref: str, value: Any) -> Protocol:
         raise BadObject(kind, ref, f"unknown protocol {value!r}") from None
 
 
+SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName")
+
+
 def service_ports(svc: Obj) -> tuple[ServicePort, ...]:
     """The proxied ports of a Service; empty for headless and ExternalName services."""
-    kind = "Service"
     ref = object_ref(svc)
-    key = object_key(svc, kind)
+    key = object_key(svc, "Service")
     spec = svc.get("spec")
     if not isinstance(spec, Mapping):
-        raise BadObject(kind, ref, "spec is missing")
+        raise BadObject("Service", ref, "spec is missing")
     svc_type = spec.get("type") or "ClusterIP"
-    if svc_type not in ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName"):
-        raise BadObject(kind, ref, f"unknown type {svc_type!r}")
-    if svc_type == "ExternalName":
-        return ()
-    raw_ips = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else [])
-    if not raw_ips or raw_ips[0] in ("None", ""):
+    if svc_type not in SERVICE_TYPES:
+        raise BadObject("Service", ref, f"unknown type {svc_type!r}")
+    cluster_ips = _cluster_ips(ref, spec)
+    if svc_type == "ExternalName" or not cluster_ips:
         return ()  # headless, or not allocated yet: no rules (upstream ShouldSkipService)
-    try:
-        cluster_ips = tuple(_parse_ip(ip) for ip in raw_ips)
-    except ValueError as e:
-        raise BadObject(kind, ref, f"invalid clusterIP: {e}") from None
-
-    external_ips = _filter_valid(kind, ref, "externalIPs", spec.get("externalIPs"), _parse_ip)
-    lb_ips: tuple[IPAddress, ...] = ()
-    if svc_type == "LoadBalancer":
-        ingress = ((svc.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
-        lb: list[IPAddress] = []
-        for ing in ingress:
-            if not isinstance(ing, Mapping) or not ing.get("ip"):
-                continue
-            if ing.get("ipMode") == "Proxy":
-                continue  # KEP-1860: the load balancer proxies; do not capture its VIP
-            try:
-                lb.append(_parse_ip(ing["ip"]))
-            except ValueError:
-                log.warning(
-                    "Service %s: ignoring invalid load balancer ingress IP %r", ref, ing["ip"]
-                )
-        lb_ips = tuple(lb)
-    source_ranges = _filter_valid(
-        kind, ref, "loadBalancerSourceRanges", spec.get("loadBalancerSourceRanges"), _parse_cidr
-    )
-
-    affinity = spec.get("sessionAffinity") == "ClientIP"
-    sticky = DEFAULT_STICKY_SECONDS
-    if affinity:
-        cfg = (spec.get("sessionAffinityConfig") or {}).get("clientIP") or {}
-        if cfg.get("timeoutSeconds") is not None:
-            sticky = _int_field(kind, ref, "timeoutSeconds", cfg["timeoutSeconds"], 1, 86400)
-
-    externally_accessible = svc_type in ("NodePort", "LoadBalancer") or (
-        svc_type == "ClusterIP" and bool(spec.get("externalIPs"))
+    externally_accessible = svc_type in ("NodePort", "LoadBalancer") or bool(
+        spec.get("externalIPs")
     )
     etp_local = externally_accessible and spec.get("externalTrafficPolicy") == "Local"
-    itp_local = spec.get("internalTrafficPolicy") == "Local"
-    hcnp = 0
-    if svc_type == "LoadBalancer" and etp_local:
-        raw = spec.get("healthCheckNodePort")
-        if raw:
-            hcnp = _int_field(kind, ref, "healthCheckNodePort", raw, 1, 65535)
-        else:
-            log.warning("Service %s: externalTrafficPolicy=Local without healthCheckNodePort", ref)
-    distribution = spec.get("trafficDistribution") or ""
+    affinity = spec.get("sessionAffinity") == "ClientIP"
+    template = ServicePort(
+        name=ServicePortName(key, "", Protocol.TCP),
+        cluster_ips=cluster_ips,
+        port=0,
+        external_ips=_filter_valid(
+            "Service", ref, "externalIPs", spec.get("externalIPs"), _parse_ip
+        ),
+        load_balancer_ips=_load_balancer_ips(ref, svc) if svc_type == "LoadBalancer" else (),
+        load_balancer_source_ranges=_filter_valid(
+            "Service",
+            ref,
+            "loadBalancerSourceRanges",
+            spec.get("loadBalancerSourceRanges"),
+            _parse_cidr,
+        ),
+        session_affinity_client_ip=affinity,
+        sticky_max_age_seconds=_sticky_seconds(ref, spec) if affinity else DEFAULT_STICKY_SECONDS,
+        external_policy_local=etp_local,
+        internal_policy_local=spec.get("internalTrafficPolicy") == "Local",
+        health_check_node_port=(
+            _health_check_node_port(ref, spec) if svc_type == "LoadBalancer" and etp_local else 0
+        ),
+        traffic_distribution=str(spec.get("trafficDistribution") or ""),
+    )
+    return _ports(ref, spec, template, with_node_ports=svc_type in ("NodePort", "LoadBalancer"))
 
+
+def _cluster_ips(ref: str, spec: Mapping[str, Any]) -> tuple[IPAddress, ...]:
+    """The cluster IPs, or () for a headless or not yet allocated service."""
+    raw = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else [])
+    if not raw or raw[0] in ("None", ""):
+        return ()
+    try:
+        return tuple(_parse_ip(ip) for ip in raw)
+    except ValueError as e:
+        raise BadObject("Service", ref, f"invalid clusterIP: {e}") from None
+
+
+def _load_balancer_ips(ref: str, svc: Obj) -> tuple[IPAddress, ...]:
+    ingress = ((svc.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
+    out: list[IPAddress] = []
+    for ing in ingress:
+        if not isinstance(ing, Mapping) or not ing.get("ip"):
+            continue
+        if ing.get("ipMode") == "Proxy":
+            continue  # KEP-1860: the load balancer proxies; do not capture its VIP
+        try:
+            out.append(_parse_ip(ing["ip"]))
+        except ValueError:
+            log.warning("Service %s: ignoring invalid load balancer ingress IP %r", ref, ing["ip"])
+    return tuple(out)
+
+
+def _sticky_seconds(ref: str, spec: Mapping[str, Any]) -> int:
+    cfg = (spec.get("sessionAffinityConfig") or {}).get("clientIP") or {}
+    if cfg.get("timeoutSeconds") is None:
+        return DEFAULT_STICKY_SECONDS
+    return _int_field("Service", ref, "timeoutSeconds", cfg["timeoutSeconds"], 1, 86400)
+
+
+def _health_check_node_port(ref: str, spec: Mapping[str, Any]) -> int:
+    raw = spec.get("healthCheckNodePort")
+    if not raw:
+        log.warning("Service %s: externalTrafficPolicy=Local without healthCheckNodePort", ref)
+        return 0
+    return _int_field("Service", ref, "healthCheckNodePort", raw, 1, 65535)
+
+
+def _ports(
+    ref: str, spec: Mapping[str, Any], template: ServicePort, with_node_ports: bool
+) -> tuple[ServicePort, ...]:
+    """One ServicePort per spec.ports entry, sharing the service-wide fields of ``template``."""
     ports = spec.get("ports")
     if not isinstance(ports, list) or not ports:
-        raise BadObject(kind, ref, "spec.ports is missing or empty")
+        raise BadObject("Service", ref, "spec.ports is missing or empty")
     out: list[ServicePort] = []
     seen: set[tuple[str, Protocol]] = set()
     for p in ports:
         if not isinstance(p, Mapping):
-            raise BadObject(kind, ref, "a spec.ports entry is not an object")
+            raise BadObject("Service", ref, "a spec.ports entry is not an object")
         pname = str(p.get("name") or "")
-        proto = _protocol(kind, ref, p.get("protocol"))
+        proto = _protocol("Service", ref, p.get("protocol"))
         if "port" not in p:
-            raise BadObject(kind, ref, f"port {pname or '<unnamed>'} has no port number")
-        number = _int_field(kind, ref, f"port {pname or '<unnamed>'}", p["port"], 1, 65535)
+            raise BadObject("Service", ref, f"port {pname or '<unnamed>'} has no port number")
+        number = _int_field("Service", ref, f"port {pname or '<unnamed>'}", p["port"], 1, 65535)
         node_port = 0
-        if svc_type in ("NodePort", "LoadBalancer") and p.get("nodePort"):
-            node_port = _int_field(kind, ref, "nodePort", p["nodePort"], 1, 65535)
+        if with_node_ports and p.get("nodePort"):
+            node_port = _int_field("Service", ref, "nodePort", p["nodePort"], 1, 65535)
         if (pname, proto) in seen:
-            raise BadObject(kind, ref, f"duplicate port {pname!r}/{proto.value}")
+            raise BadObject("Service", ref, f"duplicate port {pname!r}/{proto.value}")
         seen.add((pname, proto))
-        out.append(
-            ServicePort(
-                name=ServicePortName(key, pname, proto),
-                cluster_ips=cluster_ips,
-                port=number,
-                node_port=node_port,
-                external_ips=external_ips,
-                load_balancer_ips=lb_ips,
-                load_balancer_source_ranges=source_ranges,
-                session_affinity_client_ip=affinity,
-                sticky_max_age_seconds=sticky,
-                external_policy_local=etp_local,
-                internal_policy_local=itp_local,
-                health_check_node_port=hcnp,
-                traffic_distribution=str(distribution),
-            )
-        )
+        name = ServicePortName(template.name.service, pname, proto)
+        out.append(replace(template, name=name, port=number, node_port=node_port))
     return tuple(out)
 
 
