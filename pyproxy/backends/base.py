@@ -6,8 +6,9 @@ On each sync a backend's ``sync(request)`` receives a ``SyncRequest``:
 - ``changed``: the services (namespace/name) whose Service or EndpointSlices changed since the
   previous sync handed to this backend, so it may rewrite only their rules (a partial sync);
 - ``full``: True when the backend must rewrite everything it owns (first sync, after a failed
-  sync, after a node-label change, and every sync period to repair drift). A backend may
-  always do more than asked, never less.
+  sync, after a node-label change, when ``drifted()`` said so, and at most once an hour
+  otherwise, as upstream). A backend may always do more than asked, never less; with
+  ``full`` False and nothing changed it should write nothing.
 
 ``sync`` returns a ``SyncResult`` (whether it did a full sync, which families it programmed,
 time spent rendering and applying) or raises ``BackendError`` with a one-line, human-readable
@@ -19,6 +20,9 @@ touch the kernel: it backs ``pyproxy render`` and the rule tests.
 
 ``cleanup()`` removes everything the backend ever programmed and nothing else; it backs
 ``pyproxy cleanup`` and is called with no state, in a process of its own.
+
+``drifted()`` is a cheap check, run on its own timer every sync period, that what the backend
+programmed is still there (iptables modes: the canary chain); True asks for a full sync.
 
 ``register_metrics(registry)`` adds the metric families the mode owns (upstream registers
 some only in some modes: iptables rule counts, nftables sync failures, ...) and the backend
@@ -76,6 +80,10 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def cleanup(self) -> None: ...
+
+    def drifted(self) -> bool:
+        """True when someone else removed what this backend programmed."""
+        return False
 
     def register_metrics(self, registry: CollectorRegistry) -> None:  # noqa: B027 - optional
         """Register the metric families this mode owns."""

@@ -11,7 +11,17 @@ Shared by every NAT-based backend; the deletions themselves run in ``pyproxy.ker
 
 from __future__ import annotations
 
-from pyproxy.model.types import Endpoint, IPFamily, Protocol, ProxyState, ServicePort
+from collections.abc import Collection
+
+from pyproxy.model.types import (
+    Endpoint,
+    IPFamily,
+    NamespacedName,
+    Protocol,
+    ProxyState,
+    ServicePort,
+    ServicePortName,
+)
 
 Filter = tuple[str, ...]
 
@@ -24,9 +34,26 @@ def _addresses(sp: ServicePort) -> list[str]:
     return [str(ip) for ip in (*sp.cluster_ips, *sp.external_ips, *sp.load_balancer_ips)]
 
 
-def stale_filters(old: ProxyState | None, new: ProxyState, family: IPFamily) -> list[Filter]:
-    """``conntrack -D`` arguments for entries made stale by going from ``old`` to ``new``."""
-    if old is None:
+def _udp_ports(
+    state: ProxyState, family: IPFamily, services: Collection[NamespacedName] | None
+) -> dict[ServicePortName, ServicePort]:
+    ports = (
+        state.sorted_services(family)
+        if services is None
+        else [sp for svc in services for sp in state.ports_of(svc, family)]
+    )
+    return {sp.name: sp for sp in ports if sp.protocol is Protocol.UDP}
+
+
+def stale_filters(
+    old: ProxyState | None,
+    new: ProxyState,
+    family: IPFamily,
+    services: Collection[NamespacedName] | None = None,
+) -> list[Filter]:
+    """``conntrack -D`` arguments for entries made stale by going from ``old`` to ``new``,
+    looking at ``services`` only (the ones that changed; None: all)."""
+    if old is None or (services is not None and not services):
         return []
     out: list[Filter] = []
     seen: set[Filter] = set()
@@ -37,8 +64,8 @@ def stale_filters(old: ProxyState | None, new: ProxyState, family: IPFamily) -> 
             seen.add(f)
             out.append(f)
 
-    old_svcs = {s.name: s for s in old.sorted_services(family) if s.protocol is Protocol.UDP}
-    new_svcs = {s.name: s for s in new.sorted_services(family) if s.protocol is Protocol.UDP}
+    old_svcs = _udp_ports(old, family, services)
+    new_svcs = _udp_ports(new, family, services)
     for name, osp in old_svcs.items():
         nsp = new_svcs.get(name)
         new_addrs = set(_addresses(nsp)) if nsp and nsp.port == osp.port else set()

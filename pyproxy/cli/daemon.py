@@ -43,7 +43,7 @@ class Daemon:
         self.cfg = cfg
         self.backend = backend or registry.create(cfg)
         self.tracker = ChangeTracker(cfg.node_name)
-        self.syncer = Syncer(self.tracker, self.backend, full_sync_period=cfg.sync_period)
+        self.syncer = Syncer(self.tracker, self.backend)
         self.runner = BoundedFrequencyRunner(
             self.syncer.sync,
             cfg.min_sync_period,
@@ -84,7 +84,7 @@ class Daemon:
                 self._families = rec.result.families
             self.health.updated(as_of=rec.taken)
             self.health.sync_node(rec.state.node)
-            self.service_health.sync(rec.state)
+            self.service_health.sync(rec.state, None if rec.full else rec.changed)
         elif self.syncer.stats.consecutive_failures == FAILURES_BEFORE_EVENT and self.post_event:
             self.post_event(
                 "Warning",
@@ -136,6 +136,20 @@ class Daemon:
         recorder.post("Normal", "Starting", f"Starting pyproxy ({self.cfg.mode} mode).")
         self._threads += source.start(self.stop)
 
+    def watch_canary(self) -> None:
+        """Upstream's iptables Monitor: every sync period, a cheap look at whether someone
+        removed what the backend programmed; if so, the next sync is full and runs now."""
+        while not self.stop.wait(self.cfg.sync_period):
+            try:
+                drifted = self.backend.drifted()
+            except Exception:  # a failed probe must not end the watch
+                log.exception("canary check failed")
+                continue
+            if drifted:
+                log.warning("the canary is gone (tables flushed or edited): syncing fully")
+                self.syncer.request_full("canary gone")
+                self.runner.run()
+
     def shutdown(self, *_: object) -> None:
         self.stop.set()
         self.runner.wake()
@@ -156,6 +170,7 @@ class Daemon:
         self.health.updated()  # as upstream: healthy while starting up
         self.start_servers()
         self.start_sources()
+        threading.Thread(target=self.watch_canary, name="canary", daemon=True).start()
         try:
             self.runner.loop(self.stop)
         finally:

@@ -11,6 +11,7 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import cached_property
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -193,20 +194,43 @@ class NodeInfo:
 
 @dataclass(frozen=True)
 class ProxyState:
-    """The full state a backend renders: every service port and its endpoints."""
+    """The full state a backend renders: every service port and its endpoints.
+
+    ``by_service`` indexes the ports of each service; the change tracker keeps it current so a
+    partial sync finds a changed service's ports without scanning the others. States built by
+    hand may leave it out: it is then derived once, on first use.
+    """
 
     services: Mapping[ServicePortName, ServicePort]
     endpoints: Mapping[ServicePortName, tuple[Endpoint, ...]]
     node: NodeInfo
+    by_service: Mapping[NamespacedName, tuple[ServicePortName, ...]] | None = None
 
     def endpoints_for(self, name: ServicePortName, family: IPFamily) -> tuple[Endpoint, ...]:
         return tuple(e for e in self.endpoints.get(name, ()) if e.family is family)
 
+    @cached_property
+    def _index(self) -> Mapping[NamespacedName, tuple[ServicePortName, ...]]:
+        if self.by_service is not None:
+            return self.by_service
+        index: dict[NamespacedName, list[ServicePortName]] = {}
+        for spn in self.services:
+            index.setdefault(spn.service, []).append(spn)
+        return {k: tuple(v) for k, v in index.items()}
+
+    def service_names(self) -> list[NamespacedName]:
+        return sorted(self._index)
+
+    def service_ports(self, service: NamespacedName) -> list[ServicePort]:
+        """One service's ports (both families), in a stable order."""
+        names = sorted(self._index.get(service, ()), key=lambda k: (k.port, k.protocol.value))
+        return [self.services[spn] for spn in names]
+
+    def ports_of(self, service: NamespacedName, family: IPFamily) -> list[ServicePort]:
+        """The family views of one service's ports, in a stable order."""
+        views = (sp.for_family(family) for sp in self.service_ports(service))
+        return [v for v in views if v is not None]
+
     def sorted_services(self, family: IPFamily) -> list[ServicePort]:
         """Service ports with an address in ``family``, in a stable order for rendering."""
-        out = []
-        for key in sorted(self.services, key=lambda k: (str(k), k.protocol.value)):
-            view = self.services[key].for_family(family)
-            if view is not None:
-                out.append(view)
-        return out
+        return [sp for svc in self.service_names() for sp in self.ports_of(svc, family)]

@@ -17,7 +17,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -150,19 +150,19 @@ def metrics_routes(
     return route
 
 
-def local_ready_endpoints(state: ProxyState) -> dict[NamespacedName, int]:
-    """Per service with a health-check node port: ready endpoints on this node."""
-    out: dict[NamespacedName, int] = {}
-    for name, sp in state.services.items():
-        if not sp.health_check_node_port:
-            continue
-        count = sum(
-            1
-            for ep in state.endpoints.get(name, ())
-            if ep.ready and ep.node_name == state.node.name
-        )
-        out[name.service] = max(out.get(name.service, 0), count)
-    return out
+def health_check(state: ProxyState, svc: NamespacedName) -> tuple[int, int]:
+    """(health-check node port or 0, ready endpoints on this node) of one service."""
+    port = count = 0
+    for sp in state.service_ports(svc):
+        if sp.health_check_node_port:
+            port = sp.health_check_node_port
+            local = [
+                ep
+                for ep in state.endpoints.get(sp.name, ())
+                if ep.ready and ep.node_name == state.node.name
+            ]
+            count = max(count, len(local))
+    return port, count
 
 
 class ServiceHealthServer:
@@ -175,41 +175,46 @@ class ServiceHealthServer:
         self.proxy_healthy = proxy_healthy
         self._servers: dict[int, _Server] = {}
         self._owner: dict[int, NamespacedName] = {}
-        self._counts: dict[NamespacedName, int] = {}
+        self._counts: dict[NamespacedName, tuple[int, int]] = {}
+        """service -> (its health-check node port, its ready endpoints on this node)"""
         self._lock = threading.Lock()
 
     def ports(self) -> dict[int, NamespacedName]:
         with self._lock:
             return dict(self._owner)
 
-    def sync(self, state: ProxyState) -> None:
-        wanted: dict[int, NamespacedName] = {}
-        for sp in state.services.values():
-            if sp.health_check_node_port:
-                wanted[sp.health_check_node_port] = sp.name.service
-        counts = local_ready_endpoints(state)
+    def sync(self, state: ProxyState, changed: Collection[NamespacedName] | None = None) -> None:
+        """Follow the services in ``changed`` (None: every service) to ``state``: open, close
+        or update the health-check node ports they own."""
+        services = state.service_names() if changed is None else changed
         with self._lock:
-            self._counts = counts
-            self._owner = {p: s for p, s in wanted.items()}
-            for port in list(self._servers):
-                if port not in wanted:
-                    self._servers.pop(port).shutdown()
-            missing = [p for p in wanted if p not in self._servers]
-        for port in missing:
+            if changed is None:
+                self._owner.clear()
+                self._counts.clear()
+            for svc in services:
+                port, count = health_check(state, svc)
+                old = self._counts.pop(svc, None)
+                if old is not None and self._owner.get(old[0]) == svc:
+                    del self._owner[old[0]]
+                if port:
+                    self._owner[port] = svc
+                    self._counts[svc] = (port, count)
+            for port in [p for p in self._servers if p not in self._owner]:
+                self._servers.pop(port).shutdown()
+            missing = {p: s for p, s in self._owner.items() if p not in self._servers}
+        for port, svc in missing.items():
             try:
                 self._servers[port] = serve(
                     self.host, port, self._route(port), f"healthcheck-{port}"
                 )
             except OSError as err:
-                log.error(
-                    "cannot serve health check node port %d for %s: %s", port, wanted[port], err
-                )
+                log.error("cannot serve health check node port %d for %s: %s", port, svc, err)
 
     def _route(self, port: int) -> Callable[[str], tuple[int, str, bytes] | None]:
         def route(_path: str) -> tuple[int, str, bytes] | None:
             with self._lock:
                 svc = self._owner.get(port)
-                count = self._counts.get(svc, 0) if svc else 0
+                count = self._counts.get(svc, (0, 0))[1] if svc else 0
             healthy = self.proxy_healthy()
             body = {
                 "service": {

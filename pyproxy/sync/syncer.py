@@ -1,9 +1,13 @@
 """One sync: take the tracker's changes, decide full or partial, call the backend, record it.
 
 The runner (``pyproxy.sync.runner``) decides when this runs; the backend decides how rules are
-written. What is recorded per sync (``SyncRecord``) feeds metrics and health: duration,
-full or partial, changes applied, and network-programming latency (from the EndpointSlice's
-last-change-trigger-time when present, else from when pyproxy first saw the change).
+written. Full or partial follows upstream's cadence: a full sync at start, after a failed sync,
+when the node's labels change, when asked (the backend's canary saw a flush), and otherwise at
+most once per ``full_sync_period`` (an hour); every other sync is partial, and with nothing
+changed it writes nothing. What is recorded per sync (``SyncRecord``) feeds metrics and
+health: duration, full or partial, changes applied, and network-programming latency (from the
+EndpointSlice's last-change-trigger-time when present, else from when pyproxy first saw the
+change).
 """
 
 from __future__ import annotations
@@ -15,10 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyproxy.backends.base import Backend, BackendError, SyncRequest, SyncResult
-from pyproxy.model.types import ProxyState
+from pyproxy.model.types import NamespacedName, ProxyState
 from pyproxy.sync.tracker import ChangeTracker
 
 log = logging.getLogger(__name__)
+
+FULL_SYNC_PERIOD = 3600.0
+"""Upstream's proxyutil.FullSyncPeriod: without a reason to, a full sync runs at most hourly."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,8 @@ class SyncRecord:
     state: ProxyState | None = None
     """The state this sync programmed (successful syncs only); handed to listeners, not
     kept."""
+    changed: frozenset[NamespacedName] = frozenset()
+    """The services this sync's changes touched (all of them matter after a full sync)."""
 
 
 @dataclass
@@ -54,7 +63,7 @@ class Syncer:
         self,
         tracker: ChangeTracker,
         backend: Backend,
-        full_sync_period: float,
+        full_sync_period: float = FULL_SYNC_PERIOD,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -64,11 +73,17 @@ class Syncer:
         self._clock = clock
         self._wall = wall
         self._need_full = True
+        self._full_reason = "start"
         self._last_full: float | None = None
         self._lock = threading.Lock()
         self.stats = SyncStats()
         self.listeners: list[Callable[[SyncRecord], None]] = []
         self._warned_uninitialized = False
+
+    def request_full(self, reason: str) -> None:
+        """Make the next sync a full one (thread-safe: a flag the next sync consumes)."""
+        self._full_reason = reason
+        self._need_full = True
 
     def sync(self) -> None:
         """Called by the runner. Raises BackendError so the runner retries with backoff."""
@@ -84,17 +99,18 @@ class Syncer:
         start = self._clock()
         taken = self._wall()
         changes = self.tracker.take()
-        full = (
-            self._need_full
-            or changes.node_changed
-            or self._last_full is None
-            or start - self._last_full >= self.full_sync_period
-        )
+        last_full = self._last_full
+        full = self._need_full or changes.node_changed or last_full is None
+        if last_full is not None and not full and start - last_full >= self.full_sync_period:
+            full, self._full_reason = True, "periodic"
+        if changes.node_changed:
+            self._full_reason = "node labels changed"
+        reason, self._need_full = self._full_reason, False
         request = SyncRequest(changes.state, changes.changed_services, full)
         try:
             result = self.backend.sync(request)
         except Exception as err:
-            self._need_full = True  # the changes are consumed: only a full sync is safe now
+            self.request_full("previous sync failed")  # the changes are consumed
             msg = str(err).splitlines()[0] if str(err) else type(err).__name__
             if not isinstance(err, BackendError):
                 log.exception("backend crashed during sync")
@@ -112,7 +128,6 @@ class Syncer:
             )
             raise BackendError(msg) from err
         end_wall, end = self._wall(), self._clock()
-        self._need_full = False
         if result.full:
             self._last_full = start
         latencies = [end_wall - t for times in changes.trigger_times.values() for t in times]
@@ -129,14 +144,18 @@ class Syncer:
             tuple(max(0.0, x) for x in latencies),
             result=result,
             state=changes.state,
+            changed=changes.changed_services,
         )
         self._record(rec)
-        log.info(
-            "synced %s in %.3fs (%d service, %d endpoint changes)",
+        idle = not result.full and not changes.changed_services
+        log.log(
+            logging.DEBUG if idle else logging.INFO,
+            "synced %s in %.3fs (%d service, %d endpoint changes)%s",
             "fully" if result.full else "partially",
             rec.duration,
             changes.service_changes,
             changes.endpoint_changes,
+            f" ({reason})" if result.full else "",
         )
 
     def _record(self, rec: SyncRecord) -> None:

@@ -1,9 +1,14 @@
 """Change tracker: turns object events into the proxy state plus what changed since the last sync.
 
 Semantics follow upstream's ServiceChangeTracker / EndpointsChangeTracker: a change is judged
-against the state the last sync consumed, so add-then-delete of one object, or an update that
-changes nothing the proxy uses, leaves nothing pending. ``take()`` hands a sync the full state,
-the services whose rules changed (for partial syncs) and the timing data for latency metrics.
+against the state the last sync consumed (each pending change remembers that value), so
+add-then-delete of one object, or an update that changes nothing the proxy uses, leaves
+nothing pending. ``take()`` hands a sync the state, the services whose rules changed (for
+partial syncs) and the timing data for latency metrics.
+
+The state's service ports and endpoints live in persistent maps (``immutables.Map``, a
+hash array mapped trie): an event updates them in O(log n) and ``take()`` hands out a snapshot
+in O(1), so the cost of a sync's bookkeeping follows what changed, not the cluster's size.
 
 Thread-safe: sources call ``apply`` from their threads; the runner calls ``take``.
 """
@@ -17,6 +22,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from immutables import Map
 
 from pyproxy.model import convert
 from pyproxy.model.events import Event, EventType
@@ -75,12 +82,14 @@ class ChangeTracker:
         self._slices: dict[NamespacedName, dict[str, convert.SliceInfo]] = {}
         self._endpoints: dict[NamespacedName, EndpointsOfService] = {}
         self._slice_keys: dict[NamespacedName, SliceKey] = {}  # slice object -> key
+        self._ports: Map[ServicePortName, ServicePort] = Map()
+        self._eps: Map[ServicePortName, tuple[Endpoint, ...]] = Map()
+        self._by_service: Map[NamespacedName, tuple[ServicePortName, ...]] = Map()
         self._node = NodeInfo(name=node_name, exists=False)
-        self._synced_services: dict[NamespacedName, tuple[ServicePort, ...]] = {}
-        self._synced_endpoints: dict[NamespacedName, EndpointsOfService] = {}
-        self._synced_node_labels: Mapping[str, str] | None = None
-        self._pending_services: set[NamespacedName] = set()
-        self._pending_endpoints: set[NamespacedName] = set()
+        self._synced_node_labels: Mapping[str, str] = {}
+        # pending change -> the value the last sync saw
+        self._pending_services: dict[NamespacedName, tuple[ServicePort, ...] | None] = {}
+        self._pending_endpoints: dict[NamespacedName, EndpointsOfService] = {}
         self._trigger_times: dict[NamespacedName, list[float]] = {}
         self._first_seen: float | None = None
         self._node_changed = False
@@ -162,22 +171,34 @@ class ChangeTracker:
 
     def _set_service(self, key: NamespacedName, ports: tuple[ServicePort, ...] | None) -> bool:
         before = self._services.get(key)
-        if ports is None:
-            self._services.pop(key, None)
-        else:
-            self._services[key] = ports
         if before == ports:
             return False
-        self._mark(self._pending_services, key, ports != self._synced_services.get(key))
+        with self._ports.mutate() as m:
+            for sp in before or ():
+                del m[sp.name]
+            for sp in ports or ():
+                m[sp.name] = sp
+            self._ports = m.finish()
+        if ports is None:
+            self._services.pop(key, None)
+            self._by_service = self._by_service.delete(key)
+        else:
+            self._services[key] = ports
+            self._by_service = self._by_service.set(key, tuple(sp.name for sp in ports))
+            self._warned_orphans.discard(key)
+        self._mark(self._pending_services, key, before, ports)
         return True
 
-    def _mark(self, pending: set[NamespacedName], key: NamespacedName, differs: bool) -> None:
-        if differs:
-            pending.add(key)
-            if self._first_seen is None:
-                self._first_seen = self._clock()
-        else:
-            pending.discard(key)
+    def _mark(
+        self, pending: dict[NamespacedName, Any], key: NamespacedName, before: Any, after: Any
+    ) -> None:
+        """Record that ``key`` changed from ``before``; forget it once it is back to what
+        the last sync saw."""
+        synced = pending.setdefault(key, before)
+        if after == synced:
+            del pending[key]
+        elif self._first_seen is None:
+            self._first_seen = self._clock()
 
     def _on_slice(self, obj: Mapping[str, Any], deleted: bool) -> bool:
         try:
@@ -216,13 +237,24 @@ class ChangeTracker:
 
     def _after_slice_change(self, svc: NamespacedName, before: EndpointsOfService) -> bool:
         after = _merge_endpoints([s for _, s in sorted(self._slices.get(svc, {}).items())])
-        if after:
-            self._endpoints[svc] = after
-        else:
-            self._endpoints.pop(svc, None)
         if after == before:
             return False
-        self._mark(self._pending_endpoints, svc, after != self._synced_endpoints.get(svc, {}))
+        with self._eps.mutate() as m:
+            for spn in before:
+                del m[spn]
+            for spn, eps in after.items():
+                m[spn] = eps
+            self._eps = m.finish()
+        if after:
+            self._endpoints[svc] = after
+            if svc not in self._services and svc not in self._warned_orphans:
+                self._warned_orphans.add(svc)
+                self.skipped["EndpointSlice"] += 1
+                log.info("EndpointSlices for unknown service %s: no rules until it exists", svc)
+        else:
+            self._endpoints.pop(svc, None)
+            self._warned_orphans.discard(svc)
+        self._mark(self._pending_endpoints, svc, before, after)
         return True
 
     def _on_node(self, obj: Mapping[str, Any], deleted: bool) -> bool:
@@ -240,10 +272,9 @@ class ChangeTracker:
             info = NodeInfo(name=self.node_name, labels={}, exists=False)
         if info == self._node:
             return False
-        if dict(info.labels) != dict(self._node.labels):
-            self._node_changed = True  # topology labels: upstream forces a full sync
-            if self._first_seen is None:
-                self._first_seen = self._clock()
+        self._node_changed = dict(info.labels) != dict(self._synced_node_labels)
+        if self._node_changed and self._first_seen is None:
+            self._first_seen = self._clock()
         self._node = info
         return True
 
@@ -264,28 +295,16 @@ class ChangeTracker:
             return self._state_locked()
 
     def _state_locked(self) -> ProxyState:
-        services: dict[ServicePortName, ServicePort] = {}
-        for ports in self._services.values():
-            for sp in ports:
-                services[sp.name] = sp
-        endpoints: dict[ServicePortName, tuple[Endpoint, ...]] = {}
-        for svc, merged in self._endpoints.items():
-            if svc not in self._services and svc not in self._warned_orphans:
-                self._warned_orphans.add(svc)
-                self.skipped["EndpointSlice"] += 1
-                log.info("EndpointSlices for unknown service %s: no rules until it exists", svc)
-            endpoints.update(merged)
-        self._warned_orphans &= set(self._endpoints)
-        return ProxyState(services=services, endpoints=endpoints, node=self._node)
+        return ProxyState(self._ports, self._eps, self._node, self._by_service)
 
     def take(self) -> Changes:
         """Consume everything pending: the returned state becomes the new 'last synced'."""
         with self._lock:
-            state = self._state_locked()
-            changed = frozenset(self._pending_services | self._pending_endpoints)
             result = Changes(
-                state=state,
-                changed_services=changed,
+                state=self._state_locked(),
+                changed_services=frozenset(
+                    self._pending_services.keys() | self._pending_endpoints.keys()
+                ),
                 service_changes=len(self._pending_services),
                 endpoint_changes=len(self._pending_endpoints),
                 node_changed=self._node_changed,
@@ -294,13 +313,15 @@ class ChangeTracker:
                     for k, v in self._trigger_times.items()
                     if k in self._pending_endpoints
                 },
-                first_seen=self._first_seen,
+                first_seen=self._first_seen if self._pending_any() else None,
             )
-            self._synced_services = dict(self._services)
-            self._synced_endpoints = dict(self._endpoints)
+            self._synced_node_labels = dict(self._node.labels)
             self._pending_services.clear()
             self._pending_endpoints.clear()
             self._trigger_times.clear()
             self._first_seen = None
             self._node_changed = False
             return result
+
+    def _pending_any(self) -> bool:
+        return bool(self._pending_services or self._pending_endpoints or self._node_changed)

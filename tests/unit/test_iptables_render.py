@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import ipaddress
 
-from pyproxy.backends.iptables.backend import partial_text
-from pyproxy.backends.iptables.render import IptablesConfig, render
+from pyproxy.backends.iptables.render import IptablesConfig
+from pyproxy.backends.iptables.table import Renderer, partial_text, render
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.types import NamespacedName
 from tests.helpers import (
@@ -255,10 +255,18 @@ def test_repeated_sync_first_state_matches_upstream() -> None:
     assert got == parse_restore(UPSTREAM_REPEATED_NAT)["nat"]
 
 
+def partial(before: list[dict], after: list[dict], changed: set[NamespacedName]) -> str:
+    renderer = Renderer(CFG)
+    programmed = renderer.full(tracker_with(NODE, *before).current_state())
+    updates = renderer.updates(tracker_with(NODE, *after).current_state(), changed, programmed)
+    assert updates is not None
+    return partial_text(programmed, updates)
+
+
 def test_partial_sync_writes_only_the_changed_service() -> None:
-    before = render(tracker_with(NODE, *repeated_objects()).current_state(), CFG)
-    after = render(tracker_with(NODE, *repeated_objects(with_svc3=True)).current_state(), CFG)
-    text = partial_text(before, after, {NamespacedName("ns3", "svc3")})
+    text = partial(
+        repeated_objects(), repeated_objects(with_svc3=True), {NamespacedName("ns3", "svc3")}
+    )
     nat = text.split("*nat\n", 1)[1]
     # Upstream's expectation for this step names svc3's chains and no others.
     assert ":KUBE-SVC-X27LE4BHSL4DOUIK - [0:0]" in nat
@@ -275,10 +283,8 @@ def test_partial_sync_writes_only_the_changed_service() -> None:
 
 
 def test_partial_sync_deletes_a_removed_services_chains() -> None:
-    before = render(tracker_with(NODE, *repeated_objects()).current_state(), CFG)
     objs = [o for o in repeated_objects() if o["metadata"]["name"] not in ("svc2", "svc2-1")]
-    after = render(tracker_with(NODE, *objs).current_state(), CFG)
-    nat = partial_text(before, after, {NamespacedName("ns2", "svc2")}).split("*nat\n", 1)[1]
+    nat = partial(repeated_objects(), objs, {NamespacedName("ns2", "svc2")}).split("*nat\n", 1)[1]
     # Upstream deletes exactly svc2's chains (-X after flushing them).
     assert "-X KUBE-SVC-2VJB64SDSIJUP5T6" in nat
     assert "-X KUBE-SEP-UHEGFW77JX3KXTOV" in nat

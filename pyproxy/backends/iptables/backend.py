@@ -1,16 +1,24 @@
-"""The iptables backend: renders with ``render`` and applies through the iptables toolkit.
+"""The iptables backend: renders with ``render``/``table`` and applies through the iptables
+toolkit.
 
-Each sync is one ``iptables-restore --noflush`` transaction per IP family, holding the filter
-and nat tables, so the kernel never shows half a rule set and a failed restore leaves the
-previous rules in place.
-
-Partial syncs are cheaper than upstream's: upstream rewrites KUBE-SERVICES (one rule per
+A partial sync is one ``iptables-restore --noflush`` transaction per IP family, holding the
+filter and nat tables, that rewrites only the changed services' own chains and turns their
+lines in the top-level chains into ``-D``/``-I``. Upstream rewrites KUBE-SERVICES (one rule per
 service address) on every sync, which on the nf_tables back end costs as much as the whole
-table (1.77 s vs 0.08 s at 10,000 services, ../shared/reference/kernel-facts.md). Here a
-partial sync rewrites only the changed services' own chains and turns the top-level chains'
-changes into ``-D``/``-I`` of just the lines that changed; the tail rule of KUBE-SERVICES
-(the NodePort jump) never moves because new lines are inserted at the head. If a partial
-restore fails (drift: a rule we expected is gone) the same sync falls back to a full one.
+table (1.77 s vs 0.08 s at 10,000 services, ../shared/reference/kernel-facts.md); here a
+partial sync costs what changed, and one with nothing to write runs no program at all. If a
+partial restore fails (drift: a rule we expected is gone) the same sync falls back to a full
+one.
+
+A full sync (at start, after a failure, on a node change, when the canary is gone, hourly)
+rewrites everything pyproxy owns. On the nf_tables back end one large ``--noflush``
+transaction costs time quadratic in its size (84,024 lines: 26 s, where a quarter of it takes
+1.0 s), so a large full sync is split into ordered transactions (``Rendered.batches``): the
+services' own chains first, endpoint chains before the chains that jump to them, then one
+transaction with the top-level chains that make them reachable. Each transaction is atomic;
+between them the kernel holds new chains nothing jumps to yet, or rewritten chains whose
+targets exist, never a jump to a missing or half-written chain. The legacy back end replaces
+the whole table on every commit, so there a full sync stays one transaction.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry, Gauge
@@ -29,13 +37,11 @@ from pyproxy.backends.iptables.render import (
     FILTER_TOP,
     JUMP_RULES,
     KUBE_FIREWALL,
-    KUBE_SERVICES,
     KUBELET_FIREWALL_JUMPS,
     NAT_TOP,
     IptablesConfig,
-    Rendered,
-    render,
 )
+from pyproxy.backends.iptables.table import Rendered, Renderer, Updates, partial_text
 from pyproxy.backends.metrics import FAMILY, RestoreFailures, SyncDurations
 from pyproxy.backends.stale_conntrack import stale_filters
 from pyproxy.backends.xtables.rules import KUBE_MARK_MASQ, KUBE_PROXY_CANARY
@@ -54,13 +60,19 @@ from pyproxy.model.types import IPFamily, NamespacedName, ProxyState
 log = logging.getLogger(__name__)
 
 FAMILIES = (IPFamily.IPV4, IPFamily.IPV6)
+BATCH_LINES = 20_000
+"""Rules per transaction of a large full sync on the nf_tables back end (see above)."""
 
 
 @dataclass
 class _Family:
     cfg: IptablesConfig
     ipt: Iptables
-    last: Rendered | None = None
+    renderer: Renderer
+    programmed: Rendered | None = None
+    """The last rule set written; also the render cache of the next full sync."""
+    trusted: bool = False
+    """Whether the kernel holds ``programmed`` (False after a failed restore)."""
     last_state: ProxyState | None = None
 
     @property
@@ -68,76 +80,15 @@ class _Family:
         return self.cfg.family
 
 
-def _spec(line: str) -> str:
-    """'-A CHAIN args' -> 'CHAIN args'."""
-    return line[3:]
-
-
-def _chain_delta(chain: str, old: list[str], new: list[str]) -> tuple[list[str], list[str]]:
-    """(declarations, commands) that turn ``old`` into ``new`` with the fewest rule writes."""
-    if old == new:
-        return [], []
-    removed = Counter(old) - Counter(new)
-    added = Counter(new) - Counter(old)
-    tail_moved = bool(old) and bool(new) and old[-1] != new[-1] and chain == KUBE_SERVICES
-    if tail_moved or sum(removed.values()) + sum(added.values()) >= max(len(new), 8):
-        return [f":{chain} - [0:0]"], list(new)
-    cmds = [f"-D {_spec(line)}" for line in _take(old, removed)]
-    new_lines = _take(new, added)
-    # Insert at the head in reverse so the new lines keep their relative order.
-    cmds += [f"-I {chain} 1 {_spec(line)[len(chain) + 1 :]}" for line in reversed(new_lines)]
-    return [], cmds
-
-
-def _take(lines: list[str], wanted: Counter[str]) -> list[str]:
-    """The first ``wanted[line]`` occurrences of each line, in order."""
-    left = Counter(wanted)
-    out = []
-    for line in lines:
-        if left[line] > 0:
-            left[line] -= 1
-            out.append(line)
-    return out
-
-
-def partial_text(old: Rendered, new: Rendered, changed: Iterable[NamespacedName]) -> str:
-    """iptables-restore input that moves the kernel from ``old`` to ``new`` touching only
-    ``changed`` services' chains and the changed lines of the top-level chains."""
-    changed = set(changed)
-    out = ["*filter"]
-    decls: list[str] = []
-    cmds: list[str] = []
-    for chain in new.filter_chain_names():
-        d, c = _chain_delta(chain, old.filter_top.get(chain, []), new.filter_top.get(chain, []))
-        decls += d
-        cmds += c
-    out += decls + cmds + ["COMMIT", "*nat"]
-    decls, cmds, own_rules, deletes = [], [], [], []
-    active = new.service_chains()
-    for svc in sorted(changed):
-        for chain, lines in new.services[svc].chains.items() if svc in new.services else ():
-            decls.append(f":{chain} - [0:0]")
-            own_rules += lines
-        for chain in old.services[svc].chains if svc in old.services else ():
-            if chain not in active:
-                decls.append(f":{chain} - [0:0]")
-                deletes.append(f"-X {chain}")
-    for chain in NAT_TOP:
-        d, c = _chain_delta(chain, old.nat_top.get(chain, []), new.nat_top.get(chain, []))
-        decls += d
-        cmds += c
-    out += decls + cmds + own_rules + deletes + ["COMMIT"]
-    return "\n".join(out) + "\n"
-
-
-def _written(text: str) -> Counter[str]:
+def _written(texts: Collection[str]) -> Counter[str]:
     counts: Counter[str] = Counter()
-    table = ""
-    for line in text.splitlines():
-        if line.startswith("*"):
-            table = line[1:]
-        elif line.startswith(("-A ", "-I ")):
-            counts[table] += 1
+    for text in texts:
+        table = ""
+        for line in text.splitlines():
+            if line.startswith("*"):
+                table = line[1:]
+            elif line.startswith(("-A ", "-I ")):
+                counts[table] += 1
     return counts
 
 
@@ -169,8 +120,8 @@ class IptablesBackend(Backend):
         self.configs = {f: IptablesConfig(family=f, proxy=cfg) for f in FAMILIES}
         self._families: list[_Family] | None = None
         self.metrics: IptablesMetrics | None = None
-        self.last_restore: str = ""
-        """The last restore input that succeeded (for debugging)."""
+        self.last_restore: list[str] = []
+        """The transactions of the last sync that succeeded (for debugging)."""
 
     def register_metrics(self, registry: CollectorRegistry) -> None:
         self.metrics = IptablesMetrics(registry)
@@ -185,7 +136,7 @@ class IptablesBackend(Backend):
             tool = "ip6tables-restore" if family is IPFamily.IPV6 else "iptables-restore"
             parts.append(
                 f"# {family.value}: input for {tool} --noflush\n"
-                + render(state, self.configs[family]).text()
+                + Renderer(self.configs[family]).full(state).text()
             )
         return "".join(parts)
 
@@ -194,10 +145,20 @@ class IptablesBackend(Backend):
     def _setup(self) -> list[_Family]:
         if self._families is None:
             tables = open_tables(self.proxy.iptables_backend, FAMILIES, self.mode)
-            self._families = [_Family(self.configs[f], ipt) for f, ipt in tables.items()]
+            self._families = [
+                _Family(self.configs[f], ipt, Renderer(self.configs[f]))
+                for f, ipt in tables.items()
+            ]
             if self.configs[IPFamily.IPV4].localhost_enabled and IPFamily.IPV4 in tables:
                 sysctl.ensure("net.ipv4.conf.all.route_localnet", "1")
         return self._families
+
+    def drifted(self) -> bool:
+        """The canary: a family whose mangle KUBE-PROXY-CANARY chain is gone was flushed or
+        edited by someone else, and needs a full sync."""
+        return any(
+            f.programmed is not None and not canary_present(f.ipt) for f in self._families or ()
+        )
 
     def _with_local_addresses(self, state: ProxyState) -> ProxyState:
         """NodePort CIDRs match this host's interface addresses (upstream's GetNodeIPs):
@@ -215,55 +176,71 @@ class IptablesBackend(Backend):
         start = time.monotonic()
         fams = self._setup()
         state = self._with_local_addresses(request.state)
-        render_s = apply_s = 0.0
+        times = [0.0, 0.0]  # render, apply
         did_full = False
         no_local: dict[tuple[str, IPFamily], int] = {}
+        self.last_restore = []
         for fam in fams:
-            t0 = time.monotonic()
-            new = render(state, fam.cfg)
-            t1 = time.monotonic()
-            full = self._sync_family(fam, new, request)
-            apply_s += time.monotonic() - t1
-            render_s += t1 - t0
+            full, texts = self._sync_family(fam, state, request, times)
             did_full = did_full or full
-            for policy, n in new.no_local_endpoints().items():
+            programmed = fam.programmed
+            assert programmed is not None
+            for policy, n in programmed.no_local.items():
                 no_local[(policy, fam.family)] = n
-            self._count(fam, new)
-            filters = stale_filters(fam.last_state, state, fam.family)
-            if filters:
-                n = conntrack.delete(filters, ipv6=fam.family is IPFamily.IPV6)
-                log.info("cleared %d stale UDP conntrack entries (%s)", n, fam.family.value)
-            fam.last = new
+            self._count(fam, programmed, texts)
+            self._clear_conntrack(fam, state, None if full else request.changed)
             fam.last_state = state
+            self.last_restore += texts
         families = tuple(f.family for f in fams)
         if self.metrics is not None:
             self.metrics.durations.observe(did_full, time.monotonic() - start, families)
         return SyncResult(
             full=did_full,
             families=families,
-            render_seconds=render_s,
-            apply_seconds=apply_s,
+            render_seconds=times[0],
+            apply_seconds=times[1],
             no_local_endpoints=no_local,
         )
 
-    def _count(self, fam: _Family, new: Rendered) -> None:
-        if self.metrics is None:
-            return
-        written = _written(self.last_restore)
-        for table, n in new.rule_counts().items():
-            self.metrics.rules_total.labels(table, fam.family.value).set(n)
-            self.metrics.rules_last.labels(table, fam.family.value).set(written[table])
+    def _sync_family(
+        self, fam: _Family, state: ProxyState, request: SyncRequest, times: list[float]
+    ) -> tuple[bool, list[str]]:
+        """(full?, transactions written); a partial sync falls back to a full one when the
+        changes need it or its restore fails."""
+        full = request.full or fam.programmed is None or not fam.trusted
+        if not full and fam.programmed is not None:
+            t0 = time.monotonic()
+            updates = fam.renderer.updates(state, request.changed, fam.programmed)
+            t1 = time.monotonic()
+            times[0] += t1 - t0
+            if updates is not None:
+                try:
+                    return False, self._partial(fam, fam.programmed, updates)
+                except BackendError as err:
+                    log.warning("partial sync failed (%s); doing a full sync", err)
+                finally:
+                    times[1] += time.monotonic() - t1
+        t0 = time.monotonic()
+        new = fam.renderer.full(state, fam.programmed)
+        t1 = time.monotonic()
+        try:
+            return True, self._full(fam, new)
+        finally:
+            times[0] += t1 - t0
+            times[1] += time.monotonic() - t1
 
-    def _sync_family(self, fam: _Family, new: Rendered, request: SyncRequest) -> bool:
-        full = request.full or fam.last is None or not canary_present(fam.ipt)
-        if not full:
-            assert fam.last is not None
-            text = partial_text(fam.last, new, request.changed)
+    def _partial(self, fam: _Family, programmed: Rendered, updates: Updates) -> list[str]:
+        text = partial_text(programmed, updates)
+        if text:
             try:
                 self._restore(fam, text, partial=True)
-                return False
-            except BackendError as err:
-                log.warning("partial sync failed (%s); doing a full sync", err)
+            except BackendError:
+                fam.trusted = False  # the kernel is not what we think: only a full sync now
+                raise
+        programmed.apply(updates)
+        return [text] if text else []
+
+    def _full(self, fam: _Family, new: Rendered) -> list[str]:
         ensure_canary(fam.ipt)
         try:
             existing = chains_in_save(fam.ipt.save("nat"))
@@ -271,10 +248,33 @@ class IptablesBackend(Backend):
             log.error("iptables-save failed, stale chains stay until the next full sync: %s", err)
             existing = set()
         stale = {c for c in existing if names.is_service_chain(c)} - new.service_chains()
-        self._restore(fam, new.text(delete_chains=stale))
+        batch = BATCH_LINES if fam.ipt.backend == "nft" else None
+        texts = new.batches(delete_chains=stale, max_lines=batch)
+        fam.programmed, fam.trusted = new, False
+        for i, text in enumerate(texts):
+            self._restore(fam, text)
+            if len(texts) > 1:
+                log.info("full sync: transaction %d of %d applied", i + 1, len(texts))
+        fam.trusted = True
         declared = {("filter", c) for c in new.filter_chain_names()} | {("nat", c) for c in NAT_TOP}
         ensure_jumps(fam.ipt, fam.cfg.jump_rules(), declared)
-        return True
+        return texts
+
+    def _clear_conntrack(
+        self, fam: _Family, state: ProxyState, changed: Collection[NamespacedName] | None
+    ) -> None:
+        filters = stale_filters(fam.last_state, state, fam.family, changed)
+        if filters:
+            n = conntrack.delete(filters, ipv6=fam.family is IPFamily.IPV6)
+            log.info("cleared %d stale UDP conntrack entries (%s)", n, fam.family.value)
+
+    def _count(self, fam: _Family, programmed: Rendered, texts: list[str]) -> None:
+        if self.metrics is None:
+            return
+        written = _written(texts)
+        for table in ("filter", "nat"):
+            self.metrics.rules_total.labels(table, fam.family.value).set(programmed.counts[table])
+            self.metrics.rules_last.labels(table, fam.family.value).set(written[table])
 
     def _restore(self, fam: _Family, text: str, partial: bool = False) -> None:
         try:
@@ -285,7 +285,6 @@ class IptablesBackend(Backend):
             where = f"\n{extract_lines(text, err.line)}" if err.line else ""
             log.error("%s restore failed: %s%s", fam.family.value, err, where)
             raise BackendError(f"{fam.family.value} iptables-restore failed: {err}") from None
-        self.last_restore = text
 
     # ---- cleanup --------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ here reads the kernel.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pyproxy.backends.iptables import names
@@ -37,7 +37,6 @@ from pyproxy.model.types import (
     IPAddress,
     IPFamily,
     IPNetwork,
-    NamespacedName,
     NodeInfo,
     ProxyState,
     ServicePort,
@@ -124,7 +123,7 @@ class IptablesConfig:
 
 
 @dataclass(frozen=True)
-class _Node:
+class NodeFacts:
     """The node facts one render needs, derived once per family."""
 
     node: NodeInfo
@@ -152,55 +151,6 @@ class ServiceRender:
         self.chains.update(other.chains)
         self.no_local_internal += other.no_local_internal
         self.no_local_external += other.no_local_external
-
-
-@dataclass
-class Rendered:
-    family: IPFamily
-    filter_top: dict[str, list[str]]
-    nat_top: dict[str, list[str]]
-    services: dict[NamespacedName, ServiceRender]
-    extra_filter_chains: tuple[str, ...] = ()
-
-    def service_chains(self) -> set[str]:
-        return {c for s in self.services.values() for c in s.chains}
-
-    def no_local_endpoints(self) -> dict[str, int]:
-        return {
-            "internal": sum(s.no_local_internal for s in self.services.values()),
-            "external": sum(s.no_local_external for s in self.services.values()),
-        }
-
-    def filter_chain_names(self) -> tuple[str, ...]:
-        return FILTER_TOP + self.extra_filter_chains
-
-    def text(self, delete_chains: Iterable[str] = ()) -> str:
-        """iptables-restore input of a full sync (chains in ``delete_chains`` removed)."""
-        out = ["*filter"]
-        out += [f":{c} - [0:0]" for c in self.filter_chain_names()]
-        for c in self.filter_chain_names():
-            out += self.filter_top.get(c, [])
-        out += ["COMMIT", "*nat"]
-        out += [f":{c} - [0:0]" for c in NAT_TOP]
-        own: list[str] = []
-        own_rules: list[str] = []
-        for svc in self.services.values():
-            for chain, lines in svc.chains.items():
-                own.append(f":{chain} - [0:0]")
-                own_rules += lines
-        stale = sorted(set(delete_chains) - self.service_chains())
-        out += own + [f":{c} - [0:0]" for c in stale]
-        for c in NAT_TOP:
-            out += self.nat_top.get(c, [])
-        out += own_rules + [f"-X {c}" for c in stale] + ["COMMIT"]
-        return "\n".join(out) + "\n"
-
-    def rule_counts(self) -> dict[str, int]:
-        return {
-            "filter": sum(len(v) for v in self.filter_top.values()),
-            "nat": sum(len(v) for v in self.nat_top.values())
-            + sum(len(lines) for s in self.services.values() for lines in s.chains.values()),
-        }
 
 
 # ---- one service port -------------------------------------------------------------------------
@@ -420,7 +370,7 @@ def _health_check_lines(p: _Port, out: ServiceRender) -> None:
         )
 
 
-def _external_chain(p: _Port, node: _Node) -> list[str]:
+def _external_chain(p: _Port, node: NodeFacts) -> list[str]:
     """KUBE-EXT-*: masquerade (Cluster policy) or short-circuit pod and node traffic (Local
     policy), then on to the policy's chain."""
     spn = p.sp.name
@@ -467,7 +417,7 @@ def _external_chain(p: _Port, node: _Node) -> list[str]:
     return lines.get(chain, [])
 
 
-def _firewall_chain(p: _Port, node: _Node) -> list[str]:
+def _firewall_chain(p: _Port, node: NodeFacts) -> list[str]:
     """KUBE-FW-*: load-balancer traffic from the allowed source ranges goes on; the rest
     falls through to KUBE-PROXY-FIREWALL's DROP."""
     spn = p.sp.name
@@ -487,7 +437,7 @@ def _firewall_chain(p: _Port, node: _Node) -> list[str]:
 
 
 def _service_chain(
-    p: _Port, chain: str, eps: tuple[Endpoint, ...], node: _Node, cfg: IptablesConfig
+    p: _Port, chain: str, eps: tuple[Endpoint, ...], node: NodeFacts, cfg: IptablesConfig
 ) -> list[str]:
     """KUBE-SVC-* / KUBE-SVL-*: masquerade off-cluster sources (internal chain only), the
     affinity checks, then one statistic rule per endpoint (writeServiceToEndpointRules)."""
@@ -557,7 +507,7 @@ def _probability(n: int) -> str:
 
 
 def render_port(
-    sp: ServicePort, eps: tuple[Endpoint, ...], node: _Node, cfg: IptablesConfig, large: bool
+    sp: ServicePort, eps: tuple[Endpoint, ...], node: NodeFacts, cfg: IptablesConfig, large: bool
 ) -> ServiceRender:
     """Everything one service port (a family view) contributes to the rules."""
     cluster_ip = sp.cluster_ip(cfg.family)
@@ -596,9 +546,9 @@ def render_port(
 # ---- the whole table -----------------------------------------------------------------------
 
 
-def node_facts(state: ProxyState, cfg: IptablesConfig) -> _Node:
+def node_facts(state: ProxyState, cfg: IptablesConfig) -> NodeFacts:
     node = state.node
-    return _Node(
+    return NodeFacts(
         node,
         cfg.proxy.local_cidrs(node, cfg.family),
         node.primary_ip(cfg.family),
@@ -606,7 +556,7 @@ def node_facts(state: ProxyState, cfg: IptablesConfig) -> _Node:
     )
 
 
-def _nodeports_tail(node: _Node, cfg: IptablesConfig) -> list[str]:
+def nodeports_tail(node: NodeFacts, cfg: IptablesConfig) -> list[str]:
     """The jump from KUBE-SERVICES to KUBE-NODEPORTS, which must stay its last rule: for
     every local address, or one per chosen NodePort address."""
     comment = '"kubernetes service nodeports; NOTE: this must be the last rule in this chain"'
@@ -625,8 +575,8 @@ def _nodeports_tail(node: _Node, cfg: IptablesConfig) -> list[str]:
     ]
 
 
-def _static_lines(
-    node: _Node, cfg: IptablesConfig
+def static_lines(
+    node: NodeFacts, cfg: IptablesConfig
 ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     """(filter, nat) lines that do not depend on any service."""
     filter_top: dict[str, list[str]] = {c: [] for c in FILTER_TOP}
@@ -643,25 +593,15 @@ def _static_lines(
     return filter_top, nat_top
 
 
-def is_large(state: ProxyState, family: IPFamily, services: Iterable[ServicePort]) -> bool:
-    return sum(len(state.endpoints_for(s.name, family)) for s in services) > LARGE_CLUSTER_ENDPOINTS
-
-
-def render(state: ProxyState, cfg: IptablesConfig) -> Rendered:
-    """The complete rule set for ``cfg.family``."""
-    services = state.sorted_services(cfg.family)
-    large = is_large(state, cfg.family, services)
-    node = node_facts(state, cfg)
-    filter_top, nat_top = _static_lines(node, cfg)
-    per_service: dict[NamespacedName, ServiceRender] = {}
-    for sp in services:
-        sr = render_port(sp, state.endpoints_for(sp.name, cfg.family), node, cfg, large)
-        merged = per_service.setdefault(sp.name.service, ServiceRender())
-        merged.merge(sr)
-        for chain, lines in sr.top_filter.items():
-            filter_top[chain] += lines
-        for chain, lines in sr.top_nat.items():
-            nat_top[chain] += lines
-    nat_top[KUBE_SERVICES] += _nodeports_tail(node, cfg)
-    extra = (KUBE_FIREWALL,) if cfg.localhost_enabled else ()
-    return Rendered(cfg.family, filter_top, nat_top, per_service, extra)
+def render_service(
+    ports: Sequence[ServicePort],
+    eps: Sequence[tuple[Endpoint, ...]],
+    node: NodeFacts,
+    cfg: IptablesConfig,
+    large: bool,
+) -> ServiceRender:
+    """All ports of one service (family views), the unit a partial sync rewrites."""
+    out = ServiceRender()
+    for sp, endpoints in zip(ports, eps, strict=True):
+        out.merge(render_port(sp, endpoints, node, cfg, large))
+    return out

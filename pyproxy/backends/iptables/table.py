@@ -1,0 +1,296 @@
+"""One family's iptables rule set as pyproxy programmed it, and the restore input that moves the
+kernel to the next one: all of it (a full sync, in ordered batches when large) or only what
+changed (a partial sync). Pure: nothing here touches the kernel.
+
+Each service's rules are rendered once and kept with everything they were rendered from (its
+ports, endpoints, the node's facts, whether the table is "large"): a later sync renders again
+only a service whose inputs differ. The top-level chains (KUBE-SERVICES, KUBE-NODEPORTS, ...)
+are never rebuilt on a partial sync: a changed service's lines there are deleted (``-D``) and
+inserted at the head (``-I``), so the cost of a partial sync follows the change, and the
+NodePort tail rule of KUBE-SERVICES stays last.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from pyproxy.backends.iptables import names
+from pyproxy.backends.iptables.render import (
+    FILTER_TOP,
+    KUBE_FIREWALL,
+    KUBE_SERVICES,
+    LARGE_CLUSTER_ENDPOINTS,
+    NAT_TOP,
+    IptablesConfig,
+    NodeFacts,
+    ServiceRender,
+    node_facts,
+    nodeports_tail,
+    render_service,
+    static_lines,
+)
+from pyproxy.model.types import NamespacedName, ProxyState
+
+# Chains of one service in the order a cold start writes them: each jumps only to kinds
+# written before it (SVC/SVL -> SEP, EXT -> SVC/SVL, FW -> EXT).
+CHAIN_ORDER = (names.SEP, names.SVC, names.SVL, names.EXT, names.FW)
+
+
+@dataclass(frozen=True)
+class ServiceEntry:
+    """One service's rendered rules and what they were rendered from."""
+
+    key: tuple[object, ...]
+    render: ServiceRender
+    endpoints: int
+
+    def rule_counts(self) -> Counter[str]:
+        r = self.render
+        return Counter(
+            filter=sum(len(v) for v in r.top_filter.values()),
+            nat=sum(len(v) for v in r.top_nat.values()) + sum(len(v) for v in r.chains.values()),
+        )
+
+
+Updates = Mapping[NamespacedName, ServiceEntry | None]
+
+
+@dataclass
+class Rendered:
+    """A family's complete rule set: lines that depend on no service, and every service's."""
+
+    cfg: IptablesConfig
+    node: NodeFacts
+    large: bool
+    static_filter: dict[str, list[str]]
+    static_nat: dict[str, list[str]]
+    tail: list[str]
+    entries: dict[NamespacedName, ServiceEntry] = field(default_factory=dict)
+    endpoints: int = 0
+    counts: Counter[str] = field(default_factory=Counter)
+    no_local: Counter[str] = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self.counts.update(
+            filter=sum(len(v) for v in self.static_filter.values()),
+            nat=sum(len(v) for v in self.static_nat.values()) + len(self.tail),
+        )
+        for entry in self.entries.values():
+            self._count(entry, 1)
+
+    @property
+    def services(self) -> dict[NamespacedName, ServiceRender]:
+        return {svc: e.render for svc, e in self.entries.items()}
+
+    def _count(self, entry: ServiceEntry, sign: int) -> None:
+        self.endpoints += sign * entry.endpoints
+        for table, n in entry.rule_counts().items():
+            self.counts[table] += sign * n
+        self.no_local["internal"] += sign * entry.render.no_local_internal
+        self.no_local["external"] += sign * entry.render.no_local_external
+
+    def apply(self, updates: Updates) -> None:
+        """Record that a partial sync programmed ``updates`` (None: the service is gone)."""
+        for svc, entry in updates.items():
+            old = self.entries.pop(svc, None)
+            if old is not None:
+                self._count(old, -1)
+            if entry is not None:
+                self.entries[svc] = entry
+                self._count(entry, 1)
+
+    def filter_chain_names(self) -> tuple[str, ...]:
+        return FILTER_TOP + ((KUBE_FIREWALL,) if self.cfg.localhost_enabled else ())
+
+    def service_chains(self) -> set[str]:
+        return {c for e in self.entries.values() for c in e.render.chains}
+
+    def _ordered(self) -> list[ServiceRender]:
+        return [self.entries[svc].render for svc in sorted(self.entries)]
+
+    def top(self, table: str) -> dict[str, list[str]]:
+        """Every top-level chain of ``table`` with its lines, in write order."""
+        chains = self.filter_chain_names() if table == "filter" else NAT_TOP
+        static = self.static_filter if table == "filter" else self.static_nat
+        out = {c: list(static.get(c, [])) for c in chains}
+        for r in self._ordered():
+            for chain, lines in (r.top_filter if table == "filter" else r.top_nat).items():
+                out[chain] += lines
+        if table == "nat":
+            out[KUBE_SERVICES] += self.tail
+        return out
+
+    def text(self, delete_chains: Iterable[str] = ()) -> str:
+        """iptables-restore input of a full sync in one transaction."""
+        return "".join(self.batches(delete_chains, max_lines=None))
+
+    def batches(self, delete_chains: Iterable[str] = (), max_lines: int | None = None) -> list[str]:
+        """A full sync as ordered transactions of at most about ``max_lines`` rules (None:
+        one). Services' own chains come first, endpoint chains before the chains that jump to
+        them; the last transaction writes the top-level chains that make them reachable and
+        deletes stale chains. No rule ever jumps to a chain not yet written, so the kernel is
+        consistent between any two of them."""
+        own = [(c, lines) for r in self._ordered() for c, lines in r.chains.items()]
+        if max_lines is None:
+            return [self._last_batch(own, delete_chains)]
+        own.sort(key=lambda item: CHAIN_ORDER.index(item[0][: item[0].index("-", 5) + 1]))
+        out: list[str] = []
+        chunk: list[tuple[str, list[str]]] = []
+        size = 0
+        for chain, lines in own:
+            chunk.append((chain, lines))
+            size += len(lines) + 1
+            if size >= max_lines:
+                out.append(_nat_text(chunk))
+                chunk, size = [], 0
+        out.append(self._last_batch(chunk, delete_chains))
+        return out
+
+    def _last_batch(self, own: list[tuple[str, list[str]]], delete_chains: Iterable[str]) -> str:
+        filt = self.top("filter")
+        nat = self.top("nat")
+        stale = sorted(set(delete_chains) - self.service_chains())
+        lines = ["*filter", *(f":{c} - [0:0]" for c in filt)]
+        lines += [line for chain in filt.values() for line in chain] + ["COMMIT", "*nat"]
+        lines += [f":{c} - [0:0]" for c in (*nat, *(c for c, _ in own), *stale)]
+        lines += [line for chain in nat.values() for line in chain]
+        lines += [line for _, rules in own for line in rules]
+        lines += [f"-X {c}" for c in stale] + ["COMMIT"]
+        return "\n".join(lines) + "\n"
+
+
+def _nat_text(chains: list[tuple[str, list[str]]]) -> str:
+    lines = ["*nat", *(f":{c} - [0:0]" for c, _ in chains)]
+    lines += [line for _, rules in chains for line in rules] + ["COMMIT"]
+    return "\n".join(lines) + "\n"
+
+
+class Renderer:
+    """Renders one family's services, reusing each one's rules while its inputs are the same."""
+
+    def __init__(self, cfg: IptablesConfig) -> None:
+        self.cfg = cfg
+        self.renders = 0
+        """Services rendered so far (a cache miss each); tests count them."""
+
+    def entry(
+        self,
+        state: ProxyState,
+        svc: NamespacedName,
+        node: NodeFacts,
+        large: bool,
+        cached: ServiceEntry | None,
+    ) -> ServiceEntry | None:
+        """``svc``'s rules (None when it has no port in this family), from ``cached`` when
+        nothing they depend on changed."""
+        ports = tuple(state.ports_of(svc, self.cfg.family))
+        if not ports:
+            return None
+        eps = tuple(state.endpoints_for(p.name, self.cfg.family) for p in ports)
+        key = (ports, eps, node, large)
+        if cached is not None and cached.key == key:
+            return cached
+        self.renders += 1
+        render = render_service(ports, eps, node, self.cfg, large)
+        return ServiceEntry(key, render, sum(len(e) for e in eps))
+
+    def full(self, state: ProxyState, previous: Rendered | None = None) -> Rendered:
+        """The whole rule set; unchanged services reuse ``previous``'s rendering."""
+        cfg = self.cfg
+        node = node_facts(state, cfg)
+        total = sum(
+            len(state.endpoints_for(p.name, cfg.family)) for p in state.sorted_services(cfg.family)
+        )
+        large = total > LARGE_CLUSTER_ENDPOINTS
+        old = previous.entries if previous is not None else {}
+        entries = {}
+        for svc in state.service_names():
+            entry = self.entry(state, svc, node, large, old.get(svc))
+            if entry is not None:
+                entries[svc] = entry
+        filt, nat = static_lines(node, cfg)
+        return Rendered(cfg, node, large, filt, nat, nodeports_tail(node, cfg), entries)
+
+    def updates(
+        self, state: ProxyState, changed: Iterable[NamespacedName], programmed: Rendered
+    ) -> dict[NamespacedName, ServiceEntry | None] | None:
+        """The changed services' new rules, or None when only a full sync will do (the
+        node's facts changed, or the table crossed upstream's large-cluster threshold)."""
+        node = node_facts(state, self.cfg)
+        if node != programmed.node:
+            return None
+        out: dict[NamespacedName, ServiceEntry | None] = {}
+        total = programmed.endpoints
+        for svc in changed:
+            old = programmed.entries.get(svc)
+            new = self.entry(state, svc, node, programmed.large, old)
+            if new is not old:
+                out[svc] = new
+                total += (new.endpoints if new else 0) - (old.endpoints if old else 0)
+        if (total > LARGE_CLUSTER_ENDPOINTS) != programmed.large:
+            return None
+        return out
+
+
+def render(state: ProxyState, cfg: IptablesConfig) -> Rendered:
+    """The complete rule set for ``cfg.family``."""
+    return Renderer(cfg).full(state)
+
+
+def partial_text(programmed: Rendered, updates: Updates) -> str:
+    """iptables-restore input moving the kernel from ``programmed`` to it plus ``updates``:
+    the changed services' own chains, rewritten or deleted, and their lines in the top-level
+    chains deleted and inserted. Empty when there is nothing to write."""
+    filter_cmds: list[str] = []
+    nat_cmds: list[str] = []
+    decls: list[str] = []
+    own_rules: list[str] = []
+    deletes: list[str] = []
+    for svc in sorted(updates):
+        old = programmed.entries.get(svc)
+        new = updates[svc]
+        old_r = old.render if old else ServiceRender()
+        new_r = new.render if new else ServiceRender()
+        filter_cmds += _top_delta(old_r.top_filter, new_r.top_filter)
+        nat_cmds += _top_delta(old_r.top_nat, new_r.top_nat)
+        for chain, lines in new_r.chains.items():
+            decls.append(f":{chain} - [0:0]")
+            own_rules += lines
+        for chain in old_r.chains:
+            if chain not in new_r.chains:
+                decls.append(f":{chain} - [0:0]")
+                deletes.append(f"-X {chain}")
+    if not (filter_cmds or nat_cmds or decls):
+        return ""
+    out = ["*filter", *filter_cmds, "COMMIT", "*nat", *decls, *nat_cmds, *own_rules, *deletes]
+    return "\n".join([*out, "COMMIT"]) + "\n"
+
+
+def _top_delta(old: Mapping[str, list[str]], new: Mapping[str, list[str]]) -> list[str]:
+    """``-D`` of one service's top-level lines that went away, ``-I ... 1`` of those that
+    are new (in reverse, so they keep their order at the head of the chain)."""
+    cmds: list[str] = []
+    for chain in dict.fromkeys((*old, *new)):
+        before, after = old.get(chain, []), new.get(chain, [])
+        if before == after:
+            continue
+        gone = Counter(before) - Counter(after)
+        added = Counter(after) - Counter(before)
+        cmds += [f"-D {line[3:]}" for line in _take(before, gone)]
+        cmds += [
+            f"-I {chain} 1 {line[3 + len(chain) + 1 :]}" for line in reversed(_take(after, added))
+        ]
+    return cmds
+
+
+def _take(lines: list[str], wanted: Counter[str]) -> list[str]:
+    """The first ``wanted[line]`` occurrences of each line, in order."""
+    left = Counter(wanted)
+    out = []
+    for line in lines:
+        if left[line] > 0:
+            left[line] -= 1
+            out.append(line)
+    return out
