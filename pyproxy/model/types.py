@@ -147,7 +147,11 @@ class Endpoint:
         return IPFamily.of(self.ip)
 
     def __str__(self) -> str:
-        # net.JoinHostPort form, which is also what upstream hashes into SEP chain names.
+        return self.hostport
+
+    @cached_property
+    def hostport(self) -> str:
+        """net.JoinHostPort form, which is also what upstream hashes into SEP chain names."""
         host = f"[{self.ip}]" if self.ip.version == 6 else str(self.ip)
         return f"{host}:{self.port}"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import yaml
 
 from pyproxy.model.events import Event, EventType
@@ -74,3 +75,55 @@ def test_list_kind_and_default_namespace(tmp_path: Path) -> None:
     ManifestsSource(tmp_path, events.append).initial()
     (objs,) = [e.objects for e in events if e.kind == "Service" and e.type is EventType.REPLACE]
     assert objs[0]["metadata"]["namespace"] == "default"
+
+
+def test_inotify_delivers_changes_and_rereads_only_the_changed_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from pyproxy.sources import manifests
+
+    for i in range(20):
+        write(tmp_path / f"s{i}.yaml", service("ns", f"s{i}", f"10.96.0.{i + 1}", [port("p", 80)]))
+    parsed: list[Path] = []
+    real = manifests.parse_file
+    monkeypatch.setattr(manifests, "parse_file", lambda p: parsed.append(p) or real(p))
+    events: list[Event] = []
+    got = threading.Event()
+    src = ManifestsSource(tmp_path, lambda e: (events.append(e), got.set()))
+    stop = threading.Event()
+    thread = threading.Thread(target=src.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        assert got.wait(10) and len(parsed) == 20  # the initial read
+        got.clear()
+        events.clear()
+        parsed.clear()
+        tmp = tmp_path / ".s3.tmp"  # written aside and renamed, as editors and tools do
+        tmp.write_text(yaml.safe_dump(service("ns", "s3", "10.96.0.4", [port("p", 81)])))
+        tmp.replace(tmp_path / "s3.yaml")
+        assert got.wait(10), "no event within 10 s"
+        assert src.watching and src.scans == 1  # inotify, no directory scan
+        assert [(e.type, e.obj["metadata"]["name"]) for e in events] == [(EventType.MODIFIED, "s3")]
+        assert parsed == [tmp_path / "s3.yaml"]
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_the_same_object_in_two_files_the_last_file_wins(tmp_path: Path) -> None:
+    events: list[Event] = []
+    write(tmp_path / "a.yaml", service("ns", "web", "10.96.0.1", [port("p", 80)]))
+    write(tmp_path / "b.yaml", service("ns", "web", "10.96.0.1", [port("p", 90)]))
+    src = ManifestsSource(tmp_path, events.append)
+    src.initial()
+    (objs,) = [e.objects for e in events if e.kind == "Service" and e.type is EventType.REPLACE]
+    assert objs[0]["spec"]["ports"][0]["port"] == 90
+    events.clear()
+    (tmp_path / "b.yaml").unlink()
+    src.poll()
+    assert [(e.type, e.obj["spec"]["ports"][0]["port"]) for e in events] == [
+        (EventType.MODIFIED, 80)
+    ]

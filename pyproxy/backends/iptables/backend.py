@@ -60,7 +60,7 @@ from pyproxy.model.types import IPFamily, NamespacedName, ProxyState
 log = logging.getLogger(__name__)
 
 FAMILIES = (IPFamily.IPV4, IPFamily.IPV6)
-BATCH_LINES = 20_000
+BATCH_LINES = 4_000
 """Rules per transaction of a large full sync on the nf_tables back end (see above)."""
 
 

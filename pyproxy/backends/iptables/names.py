@@ -18,7 +18,8 @@ SERVICE_CHAIN_PREFIXES = (SVC, SVL, EXT, FW, SEP)
 
 
 def _hash(text: str) -> str:
-    return base64.b32encode(hashlib.sha256(text.encode()).digest()).decode()[:16]
+    # 16 base32 characters encode exactly the digest's first 10 bytes.
+    return base64.b32encode(hashlib.sha256(text.encode()).digest()[:10]).decode()
 
 
 def port_proto_hash(spn: ServicePortName) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from pyproxy.backends.iptables import names
 from pyproxy.backends.xtables.rules import (
@@ -166,9 +167,29 @@ class _Port:
     cluster_ip: IPAddress
     large: bool
 
-    @property
+    @cached_property
     def name(self) -> str:
         return str(self.sp.name)
+
+    @cached_property
+    def svc_chain(self) -> str:
+        return names.cluster_chain(self.sp.name)
+
+    @cached_property
+    def svl_chain(self) -> str:
+        return names.local_chain(self.sp.name)
+
+    @cached_property
+    def ext_chain(self) -> str:
+        return names.external_chain(self.sp.name)
+
+    @cached_property
+    def fw_chain(self) -> str:
+        return names.firewall_chain(self.sp.name)
+
+    @cached_property
+    def sep_chains(self) -> dict[Endpoint, str]:
+        return {ep: names.endpoint_chain(self.sp.name, ep) for ep in self.sel.all_reachable}
 
     @property
     def proto(self) -> str:
@@ -176,13 +197,11 @@ class _Port:
 
     @property
     def internal_chain(self) -> str:
-        spn = self.sp.name
-        return names.local_chain(spn) if self.sp.internal_policy_local else names.cluster_chain(spn)
+        return self.svl_chain if self.sp.internal_policy_local else self.svc_chain
 
     @property
     def external_policy_chain(self) -> str:
-        spn = self.sp.name
-        return names.local_chain(spn) if self.sp.external_policy_local else names.cluster_chain(spn)
+        return self.svl_chain if self.sp.external_policy_local else self.svc_chain
 
     @property
     def has_internal(self) -> bool:
@@ -201,8 +220,7 @@ class _Port:
 
     @property
     def lb_chain(self) -> str:
-        spn = self.sp.name
-        return names.firewall_chain(spn) if self.uses_firewall else names.external_chain(spn)
+        return self.fw_chain if self.uses_firewall else self.ext_chain
 
     def refusal(self) -> tuple[str, str]:
         """(target, comment) for traffic with nowhere to go: REJECT when the service has no
@@ -258,7 +276,7 @@ def _cluster_ip_lines(p: _Port, out: ServiceRender) -> None:
 
 
 def _external_ip_lines(p: _Port, out: ServiceRender) -> None:
-    ext = names.external_chain(p.sp.name)
+    ext = p.ext_chain
     target, comment = p.refusal()
     for eip in p.sp.external_ips:
         if p.sel.has_any:
@@ -285,7 +303,7 @@ def _external_ip_lines(p: _Port, out: ServiceRender) -> None:
 
 
 def _load_balancer_lines(p: _Port, out: ServiceRender) -> None:
-    fw = names.firewall_chain(p.sp.name)
+    fw = p.fw_chain
     for lbip in p.sp.load_balancer_ips:
         if p.sel.has_any:
             _add(
@@ -332,7 +350,7 @@ def _node_port_lines(p: _Port, out: ServiceRender) -> None:
             *_comment(p.name),
             *port,
             "-j",
-            names.external_chain(p.sp.name),
+            p.ext_chain,
         )
     if not p.has_external:
         target, comment = p.refusal()
@@ -373,8 +391,7 @@ def _health_check_lines(p: _Port, out: ServiceRender) -> None:
 def _external_chain(p: _Port, node: NodeFacts) -> list[str]:
     """KUBE-EXT-*: masquerade (Cluster policy) or short-circuit pod and node traffic (Local
     policy), then on to the policy's chain."""
-    spn = p.sp.name
-    chain = names.external_chain(spn)
+    chain = p.ext_chain
     lines: dict[str, list[str]] = {}
     if not p.sp.external_policy_local:
         _add(
@@ -393,7 +410,7 @@ def _external_chain(p: _Port, node: NodeFacts) -> list[str]:
                 *_comment(f"pod traffic for {p.name} external destinations"),
                 *pod_match,
                 "-j",
-                names.cluster_chain(spn),
+                p.svc_chain,
             )
         local = ("-m", "addrtype", "--src-type", "LOCAL")
         _add(
@@ -410,7 +427,7 @@ def _external_chain(p: _Port, node: NodeFacts) -> list[str]:
             *_comment(f"route LOCAL traffic for {p.name} external destinations"),
             *local,
             "-j",
-            names.cluster_chain(spn),
+            p.svc_chain,
         )
     if p.has_external:
         _add(lines, chain, "-j", p.external_policy_chain)
@@ -420,8 +437,7 @@ def _external_chain(p: _Port, node: NodeFacts) -> list[str]:
 def _firewall_chain(p: _Port, node: NodeFacts) -> list[str]:
     """KUBE-FW-*: load-balancer traffic from the allowed source ranges goes on; the rest
     falls through to KUBE-PROXY-FIREWALL's DROP."""
-    spn = p.sp.name
-    chain, ext = names.firewall_chain(spn), names.external_chain(spn)
+    chain, ext = p.fw_chain, p.ext_chain
     lines: dict[str, list[str]] = {}
     base = _comment(f"{p.name} loadbalancer IP")
     for cidr in p.sp.load_balancer_source_ranges:
@@ -441,7 +457,6 @@ def _service_chain(
 ) -> list[str]:
     """KUBE-SVC-* / KUBE-SVL-*: masquerade off-cluster sources (internal chain only), the
     affinity checks, then one statistic rule per endpoint (writeServiceToEndpointRules)."""
-    spn = p.sp.name
     lines: dict[str, list[str]] = {chain: []}
     if chain == p.internal_chain and p.has_internal:
         match = (*_comment(f"{p.name} cluster IP"), *p.match(p.cluster_ip))
@@ -452,7 +467,7 @@ def _service_chain(
             _add(lines, chain, *match, *not_local, "-j", KUBE_MARK_MASQ)
     if p.sp.session_affinity_client_ip:
         for ep in eps:
-            sep = names.endpoint_chain(spn, ep)
+            sep = p.sep_chains[ep]
             comment = () if p.large else _comment(f"{p.name} -> {ep}")
             _add(
                 lines,
@@ -474,13 +489,13 @@ def _service_chain(
         args: list[str] = [] if p.large else list(_comment(f"{p.name} -> {ep}"))
         if i < n - 1:
             args += ["-m", "statistic", "--mode", "random", "--probability", _probability(n - i)]
-        _add(lines, chain, *args, "-j", names.endpoint_chain(spn, ep))
+        _add(lines, chain, *args, "-j", p.sep_chains[ep])
     return lines[chain]
 
 
 def _endpoint_chain(p: _Port, ep: Endpoint) -> list[str]:
     """KUBE-SEP-*: masquerade hairpin traffic, remember the client for affinity, DNAT."""
-    chain = names.endpoint_chain(p.sp.name, ep)
+    chain = p.sep_chains[ep]
     lines: dict[str, list[str]] = {}
     comment = () if p.large else _comment(p.name)
     _add(lines, chain, *comment, "-s", str(ep.ip), "-j", KUBE_MARK_MASQ)
@@ -525,21 +540,16 @@ def render_port(
         _health_check_lines,
     ):
         lines(p, out)
-    spn = sp.name
     if p.sel.has_any and sp.externally_accessible:
-        out.chains[names.external_chain(spn)] = _external_chain(p, node)
+        out.chains[p.ext_chain] = _external_chain(p, node)
     if p.uses_firewall:
-        out.chains[names.firewall_chain(spn)] = _firewall_chain(p, node)
+        out.chains[p.fw_chain] = _firewall_chain(p, node)
     if p.sel.cluster and sp.uses_cluster_endpoints:
-        out.chains[names.cluster_chain(spn)] = _service_chain(
-            p, names.cluster_chain(spn), p.sel.cluster, node, cfg
-        )
+        out.chains[p.svc_chain] = _service_chain(p, p.svc_chain, p.sel.cluster, node, cfg)
     if p.sel.local and sp.uses_local_endpoints:
-        out.chains[names.local_chain(spn)] = _service_chain(
-            p, names.local_chain(spn), p.sel.local, node, cfg
-        )
+        out.chains[p.svl_chain] = _service_chain(p, p.svl_chain, p.sel.local, node, cfg)
     for ep in p.sel.all_reachable:
-        out.chains[names.endpoint_chain(spn, ep)] = _endpoint_chain(p, ep)
+        out.chains[p.sep_chains[ep]] = _endpoint_chain(p, ep)
     return out
 
 

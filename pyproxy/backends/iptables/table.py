@@ -31,6 +31,7 @@ from pyproxy.backends.iptables.render import (
     render_service,
     static_lines,
 )
+from pyproxy.backends.xtables.rules import KUBE_MARK_MASQ
 from pyproxy.model.types import NamespacedName, ProxyState
 
 # Chains of one service in the order a cold start writes them: each jumps only to kinds
@@ -139,11 +140,13 @@ class Rendered:
         out: list[str] = []
         chunk: list[tuple[str, list[str]]] = []
         size = 0
+        # Endpoint and service chains jump to KUBE-MARK-MASQ: the first transaction writes it.
+        mark_masq = [(KUBE_MARK_MASQ, self.static_nat.get(KUBE_MARK_MASQ, []))]
         for chain, lines in own:
             chunk.append((chain, lines))
             size += len(lines) + 1
             if size >= max_lines:
-                out.append(_nat_text(chunk))
+                out.append(_nat_text(mark_masq + chunk if not out else chunk))
                 chunk, size = [], 0
         out.append(self._last_batch(chunk, delete_chains))
         return out

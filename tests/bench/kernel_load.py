@@ -1,0 +1,145 @@
+"""Benchmark: what loading iptables rules costs the kernel and its tools, pyproxy's way and
+upstream's way, in a scratch network namespace (nothing else is touched).
+
+For N services with E endpoints each, rendered by pyproxy:
+  floor            - one plain iptables-restore of everything into an empty namespace (no
+                     --noflush: the kernel's own cost, which a proxy sharing the tables with
+                     other programs cannot use)
+  one transaction  - a full sync as one --noflush transaction (upstream's cold start)
+  batched          - a full sync as pyproxy's ordered --noflush transactions
+  upstream partial - adding one service as upstream does (top-level chains rewritten in full)
+  pyproxy partial  - adding one service as pyproxy does (its chains plus -I of its lines)
+Prints progress and a table. Not a test: no pass/fail.
+Usage: python -m tests.bench.kernel_load [--services N] [--endpoints E] [--backend nft|legacy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from pyproxy.backends.iptables.backend import BATCH_LINES
+from pyproxy.backends.iptables.render import IptablesConfig
+from pyproxy.backends.iptables.table import Rendered, Renderer, partial_text
+from pyproxy.config.settings import ProxyConfig
+from pyproxy.model.types import NamespacedName
+from tests.bench.synthetic import state
+
+
+def upstream_partial(new: Rendered, changed: NamespacedName) -> str:
+    """Upstream's shape: top-level chains redeclared and rewritten in full, plus the changed
+    service's own chains."""
+    out = ["*filter"]
+    filt, nat = new.top("filter"), new.top("nat")
+    out += [f":{c} - [0:0]" for c in filt] + [line for lines in filt.values() for line in lines]
+    out += ["COMMIT", "*nat"] + [f":{c} - [0:0]" for c in nat]
+    own = new.entries[changed].render.chains
+    out += [f":{c} - [0:0]" for c in own] + [line for lines in nat.values() for line in lines]
+    out += [line for lines in own.values() for line in lines]
+    return "\n".join([*out, "COMMIT"]) + "\n"
+
+
+def restore(ns: str, backend: str, text: str, noflush: bool = True) -> float:
+    t0 = time.monotonic()
+    subprocess.run(
+        ["ip", "netns", "exec", ns, f"iptables-{backend}-restore"]
+        + (["--noflush"] if noflush else []),
+        input=text,
+        text=True,
+        check=True,
+        capture_output=True,
+    )
+    return time.monotonic() - t0
+
+
+@contextmanager
+def scratch() -> Iterator[str]:
+    ns = f"ppbench{os.getpid() % 10000}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        yield ns
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def measure_loads(base: Rendered, backend: str) -> dict[str, float]:
+    out = {}
+    with scratch() as ns:
+        out["floor"] = restore(ns, backend, base.text(), noflush=False)
+    print(f"  floor (plain restore): {out['floor']:.2f}s", flush=True)
+    with scratch() as ns:
+        out["one transaction"] = restore(ns, backend, base.text())
+    print(f"  one --noflush transaction: {out['one transaction']:.2f}s", flush=True)
+    batches = base.batches(max_lines=BATCH_LINES if backend == "nft" else None)
+    with scratch() as ns:
+        t0 = time.monotonic()
+        for text in batches:
+            restore(ns, backend, text)
+        out["batched"] = time.monotonic() - t0
+    print(f"  pyproxy's loader ({len(batches)} transactions): {out['batched']:.2f}s", flush=True)
+    return out
+
+
+def measure_partials(
+    renderer: Renderer, base: Rendered, n: int, e: int, backend: str, repeat: int
+) -> dict[str, float]:
+    key = NamespacedName("bench", f"svc-{n}")
+    bigger = state(n + 1, e)
+    best = {"upstream partial": float("inf"), "pyproxy partial": float("inf")}
+    with scratch() as ns:
+        for text in base.batches(max_lines=BATCH_LINES if backend == "nft" else None):
+            restore(ns, backend, text)
+        for _ in range(repeat):
+            add = renderer.updates(bigger, {key}, base)
+            assert add is not None
+            new_entry = add[key]
+            assert new_entry is not None
+            full = Rendered(
+                base.cfg, base.node, base.large, base.static_filter, base.static_nat, base.tail,
+                {**base.entries, key: new_entry},
+            )  # fmt: skip
+            for name, text in (
+                ("upstream partial", upstream_partial(full, key)),
+                ("pyproxy partial", partial_text(base, add)),
+            ):
+                took = restore(ns, backend, text)
+                best[name] = min(best[name], took)
+                restore(ns, backend, partial_text(full, {key: None}))  # back to the base
+                print(f"  {name}: {took:.3f}s ({len(text.splitlines())} lines)", flush=True)
+    return best
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--services", type=int, default=10000)
+    ap.add_argument("--endpoints", type=int, default=10)
+    ap.add_argument("--backend", default="nft", choices=["nft", "legacy"])
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("needs root (it works in scratch network namespaces)", file=sys.stderr)
+        return 1
+    cfg = IptablesConfig(proxy=ProxyConfig(cluster_cidrs=(ipaddress.ip_network("10.128.0.0/9"),)))
+    n, e = args.services, args.endpoints
+    print(f"rendering {n} services x {e} endpoints ...", flush=True)
+    t0 = time.monotonic()
+    renderer = Renderer(cfg)
+    base = renderer.full(state(n, e))
+    rules = sum(base.counts.values())
+    print(f"  render: {time.monotonic() - t0:.2f}s, {rules} rules", flush=True)
+    results = measure_loads(base, args.backend)
+    results |= measure_partials(renderer, base, n, e, args.backend, args.repeat)
+    print(f"\n{args.backend}, {n} services x {e} endpoints ({rules} rules):")
+    for name, seconds in results.items():
+        print(f"  {name:18} {seconds:8.3f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
