@@ -3,7 +3,9 @@
 Guarantees, as upstream's BoundedFrequencyRunner: at most one run per ``min_interval``
 (requests in between coalesce into one), at least one run per ``max_interval``, and after a
 failed run a retry with exponential backoff (``retry_min`` doubling up to ``max_interval``).
-A failing function is logged and retried; it never ends the loop.
+A failing function is logged and retried; it never ends the loop. A function that returns
+False did nothing (the state is not complete yet): that run does not start the
+``min_interval`` window, so the first real sync runs as soon as it is asked for.
 
 The decision logic is in ``tick()``, driven by an injectable clock, so it is tested without
 threads or sleeps; ``loop()`` is the thin thread around it.
@@ -22,7 +24,7 @@ log = logging.getLogger(__name__)
 class BoundedFrequencyRunner:
     def __init__(
         self,
-        fn: Callable[[], None],
+        fn: Callable[[], bool | None],
         min_interval: float,
         max_interval: float,
         retry_min: float = 1.0,
@@ -76,9 +78,11 @@ class BoundedFrequencyRunner:
                 return due - now
             self._requested = False
             self._retry_at = None
-            self._last_run = now
+            previous, self._last_run = self._last_run, now
         try:
-            self._fn()
+            if self._fn() is False:
+                with self._cond:
+                    self._last_run = previous
         except Exception as err:  # a sync failure must never end the loop
             with self._cond:
                 self.failures += 1

@@ -85,15 +85,17 @@ class Syncer:
         self._full_reason = reason
         self._need_full = True
 
-    def sync(self) -> None:
-        """Called by the runner. Raises BackendError so the runner retries with backoff."""
+    def sync(self) -> bool:
+        """Called by the runner; False when there is nothing to sync yet. Raises BackendError
+        so the runner retries with backoff."""
         if not self.tracker.initialized:
             if not self._warned_uninitialized:
                 log.info("not syncing until Services and EndpointSlices have been listed")
                 self._warned_uninitialized = True
-            return
+            return False
         with self._lock:
             self._sync_locked()
+        return True
 
     def _sync_locked(self) -> None:
         start = self._clock()
@@ -103,7 +105,7 @@ class Syncer:
         full = self._need_full or changes.node_changed or last_full is None
         if last_full is not None and not full and start - last_full >= self.full_sync_period:
             full, self._full_reason = True, "periodic"
-        if changes.node_changed:
+        if changes.node_changed and not self._need_full:
             self._full_reason = "node labels changed"
         reason, self._need_full = self._full_reason, False
         request = SyncRequest(changes.state, changes.changed_services, full)

@@ -83,3 +83,21 @@ def test_next_due_and_validation() -> None:
     assert r.next_due() == clock.t + 2.0
     with pytest.raises(ValueError):
         BoundedFrequencyRunner(lambda: None, 5.0, 1.0)
+
+
+def test_a_run_that_did_nothing_does_not_delay_the_first_sync() -> None:
+    clock = Clock()
+    ready = False
+    calls: list[float] = []
+
+    def fn() -> bool:
+        calls.append(clock.t)
+        return ready
+
+    r = BoundedFrequencyRunner(fn, 1.0, 30.0, clock=clock)
+    r.tick()  # the state is not listed yet: nothing done
+    ready = True
+    clock.t += 0.1
+    r.run()  # the lists arrived
+    r.tick()
+    assert calls == [1000.0, 1000.1]  # not held back until 1001.0

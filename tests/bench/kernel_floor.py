@@ -1,0 +1,58 @@
+"""The kernel's own cost for a rule set: restoring it plainly (no --noflush, one
+transaction) into an empty network namespace, which no proxy sharing the tables with other
+programs can do, so no cold start can be faster."""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from tests.bench.objects import endpoint_slice, service
+from tests.netns.world import PYPROXY, sh
+
+
+def restore_plainly(text: str) -> float:
+    ns = "ppbench-floor"
+    sh("ip", "netns", "add", ns)
+    try:
+        t0 = time.monotonic()
+        subprocess.run(
+            ["ip", "netns", "exec", ns, "iptables-nft-restore"],
+            input=text, text=True, check=True, capture_output=True,
+        )  # fmt: skip
+        return time.monotonic() - t0
+    finally:
+        sh("ip", "netns", "del", ns, check=False)
+
+
+def floor_of_namespace(ns: str) -> float:
+    """The floor for the filter and nat rules a proxy programmed in namespace ``ns``."""
+    text = "".join(
+        sh("ip", "netns", "exec", ns, "iptables-nft-save", "-t", table, timeout=300).stdout
+        for table in ("filter", "nat")
+    )
+    return restore_plainly(text)
+
+
+def render_beside_floor(n: int, m: int) -> dict[str, float]:
+    """``pyproxy render`` of N services x M endpoints from a manifests directory, and the
+    floor for the rules it prints."""
+    with tempfile.TemporaryDirectory(prefix="pyproxy-render-") as d:
+        docs = []
+        for i in range(n):
+            svc = service(i)
+            svc["spec"]["clusterIP"] = f"10.96.{i // 256}.{i % 256}"
+            docs += [svc, endpoint_slice(i, m)]
+        Path(d, "objects.yaml").write_text(yaml.dump_all(docs, Dumper=yaml.CSafeDumper))
+        t0 = time.monotonic()
+        out = subprocess.run(
+            [PYPROXY, "render", "--manifests", d, "--node", "node-a",
+             "--cluster-cidr", "10.128.0.0/9"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        render_s = time.monotonic() - t0
+    return {"services": n, "endpoints": m, "render_s": render_s, "floor_s": restore_plainly(out)}

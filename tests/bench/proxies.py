@@ -1,0 +1,132 @@
+"""One proxy under measurement: upstream kube-proxy or pyproxy, in a node namespace of its
+own that reaches the API server through a relay, with its Prometheus metrics read from inside
+that namespace and its CPU time and peak memory read from /proc."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.cluster.cluster import KUBE_PROXY_TOKEN, PYPROXY_TOKEN, Cluster, binary, kubeconfig
+from tests.cluster.nsrelay import Relay, netns
+from tests.netns.world import PYPROXY, sh
+
+CLUSTER_CIDR = "10.128.0.0/9"
+FAMILY = '{ip_family="IPv4"}'
+
+
+@dataclass
+class Proxy:
+    """A proxy process in its own node namespace."""
+
+    name: str  # "kube-proxy" | "pyproxy"
+    mode: str
+    cluster: Cluster
+    workdir: Path
+    ns: str = ""
+    proc: subprocess.Popen[bytes] | None = None
+    relay: Relay | None = None
+    started: float = 0.0
+    log: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ns = f"ppbench-{self.name}"
+        self.log = self.workdir / f"{self.name}-{self.mode}.log"
+
+    def command(self, config: Path) -> list[str]:
+        if self.name == "pyproxy":
+            return [PYPROXY, f"--mode={self.mode}", f"--kubeconfig={config}",
+                    "--hostname-override=node-a", f"--cluster-cidr={CLUSTER_CIDR}"]  # fmt: skip
+        kube_proxy = binary("kube-proxy")
+        assert kube_proxy is not None, "upstream kube-proxy is not built: make e2e"
+        return [str(kube_proxy), f"--proxy-mode={self.mode}", f"--kubeconfig={config}",
+                "--hostname-override=node-a", f"--cluster-cidr={CLUSTER_CIDR}",
+                "--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0",
+                "--conntrack-tcp-timeout-close-wait=0", "--v=1"]  # fmt: skip
+
+    def start(self) -> None:
+        sh("ip", "netns", "add", self.ns)
+        sh("ip", "-n", self.ns, "link", "set", "lo", "up")
+        self.relay = Relay(self.ns, 6443, ("127.0.0.1", self.cluster.api_port))
+        token = PYPROXY_TOKEN if self.name == "pyproxy" else KUBE_PROXY_TOKEN
+        config = self.workdir / f"{self.name}.kubeconfig"
+        config.write_text(kubeconfig("https://127.0.0.1:6443", self.cluster.ca, token))
+        self.started = time.time()
+        self.proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.ns, *self.command(config)],
+            stdout=self.log.open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait(20)
+        if self.relay is not None:
+            self.relay.close()
+        sh("ip", "netns", "del", self.ns, check=False)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    # ---- what it reports ------------------------------------------------------------------
+
+    def metrics(self) -> str:
+        """GET /metrics on 127.0.0.1:10249 inside the proxy's namespace ("" if not up)."""
+        with netns(f"/run/netns/{self.ns}"):
+            s = socket.socket()
+        try:
+            s.settimeout(10)
+            s.connect(("127.0.0.1", 10249))
+            s.sendall(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            chunks = []
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        except OSError:
+            return ""
+        finally:
+            s.close()
+        return b"".join(chunks).decode(errors="replace")
+
+    def value(self, text: str, name: str, labels: str = FAMILY) -> float:
+        m = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    def kernel_services(self) -> int:
+        """Service addresses the kernel of the proxy's namespace dispatches (not timed)."""
+        res = subprocess.run(
+            ["ip", "netns", "exec", self.ns, "iptables-nft-save", "-t", "nat"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        return sum(
+            1
+            for line in res.stdout.splitlines()
+            if line.startswith("-A KUBE-SERVICES ") and ' cluster IP" ' in line
+        )
+
+    def cpu_seconds(self) -> float:
+        assert self.proc is not None
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def peak_rss_mb(self) -> float:
+        assert self.proc is not None
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        m = re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)
+        return int(m.group(1)) / 1024 if m else 0.0
+
+    def rss_mb(self) -> float:
+        assert self.proc is not None
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        m = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
+        return int(m.group(1)) / 1024 if m else 0.0

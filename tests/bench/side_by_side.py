@@ -1,0 +1,222 @@
+"""Benchmark beside upstream kube-proxy, on one machine, against one API server state.
+
+For each N (services, M endpoints each, created through the API server of tests/cluster),
+upstream kube-proxy v1.36.3 and pyproxy run one after the other, each in a fresh node
+namespace with default flags (plus the kubeconfig, node name and cluster CIDR both need),
+and each is measured for:
+
+  cold start      process start to the end of its first sync (its own
+                  kubeproxy_sync_proxy_rules_last_timestamp_seconds), checked in the kernel
+  one change      one EndpointSlice's endpoints replaced: network-programming latency (the
+                  proxy's own kubeproxy_network_programming_duration_seconds, measured from the
+                  slice's last-change-trigger-time) and that sync's duration; 5 times, p50
+  1% churn        1% of the slices changed at once: time until all are programmed
+  idle resync     a periodic sync with nothing changed (upstream 1.36 runs none: its runner's
+                  maximum interval is an hour)
+  CPU, RSS        CPU seconds used and peak resident memory, from /proc
+plus the kernel floor (the same rules restored into an empty namespace, plainly) and
+``pyproxy render`` time at 2,000 x M beside the floor for those rules.
+
+A proxy that has not finished a row within the cap (15 minutes) is reported as "> 15 min"
+and the run goes on. Writes JSON, a markdown table and a PNG plot to --out, with progress on
+stdout. ``--quick`` (N = 200, no plot needed) runs in CI and fails only on a crash.
+Usage: python -m tests.bench.side_by_side [--quick] [--sizes 1000,5000,10000] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.bench import objects, report
+from tests.bench.kernel_floor import floor_of_namespace, render_beside_floor
+from tests.bench.proxies import Proxy
+from tests.cluster.cluster import Cluster, binary, missing_binaries
+
+CAP = 15 * 60.0
+M = 10
+LAST = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
+NPL = "kubeproxy_network_programming_duration_seconds"
+SYNC = "kubeproxy_sync_proxy_rules_duration_seconds"
+PARTIAL = "kubeproxy_sync_partial_proxy_rules_duration_seconds"
+
+
+class Slow(Exception):
+    """A row the proxy did not finish within the cap."""
+
+
+class Crashed(Exception):
+    """The proxy process ended."""
+
+
+def progress(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def wait(p: Proxy, done: Callable[[str], bool], cap: float, what: str) -> str:
+    deadline = time.monotonic() + cap
+    while time.monotonic() < deadline:
+        if not p.alive():
+            raise Crashed(f"{p.name} exited (see {p.log})")
+        text = p.metrics()
+        if text and done(text):
+            return text
+        time.sleep(0.05)
+    raise Slow(f"{p.name}: {what} not done within {cap:.0f}s")
+
+
+def cold_start(p: Proxy, n: int) -> float:
+    p.start()
+    text = wait(p, lambda t: p.value(t, LAST) > 0, CAP, "the first sync")
+    programmed = p.kernel_services()
+    if programmed < n:
+        raise Slow(f"{p.name}: first sync programmed {programmed} of {n} services")
+    return p.value(text, LAST) - p.started
+
+
+def histogram(p: Proxy, text: str, name: str) -> tuple[float, float]:
+    return p.value(text, f"{name}_count"), p.value(text, f"{name}_sum")
+
+
+def settle() -> None:
+    """Let the proxy's min-sync-period (1 s by default, both proxies) pass, so each change
+    meets an idle proxy instead of the rate limit left by the previous one."""
+    time.sleep(2.0)
+
+
+def one_change(p: Proxy, cluster: Cluster, n: int, generation: int) -> tuple[float, float]:
+    """(network-programming latency, sync duration) of one EndpointSlice change."""
+    settle()
+    before = p.metrics()
+    c0, s0 = histogram(p, before, NPL)
+    d0, ds0 = histogram(p, before, SYNC)
+    objects.change_endpoints(cluster, [random.randrange(n)], M, generation)
+    after = wait(p, lambda t: histogram(p, t, NPL)[0] > c0, CAP, "one change")
+    c1, s1 = histogram(p, after, NPL)
+    d1, ds1 = histogram(p, after, SYNC)
+    return (s1 - s0) / (c1 - c0), (ds1 - ds0) / max(d1 - d0, 1)
+
+
+def churn(p: Proxy, cluster: Cluster, n: int, generation: int) -> float:
+    """Seconds from the first write of 1% of the slices until all are programmed."""
+    chosen = random.sample(range(n), max(1, n // 100))
+    settle()
+    c0 = histogram(p, p.metrics(), NPL)[0]
+    t0 = objects.change_endpoints(cluster, chosen, M, generation)
+    after = wait(p, lambda t: histogram(p, t, NPL)[0] >= c0 + len(chosen), CAP, "1% churn")
+    return p.value(after, LAST) - t0
+
+
+def idle_resync(p: Proxy) -> float | None:
+    """A partial sync with nothing changed, waited for up to 40 s (None: there was none)."""
+    c0, s0 = histogram(p, p.metrics(), PARTIAL)
+    if p.name != "pyproxy":
+        return None
+    try:
+        after = wait(p, lambda t: histogram(p, t, PARTIAL)[0] > c0, 40, "an idle resync")
+    except Slow:
+        return None
+    c1, s1 = histogram(p, after, PARTIAL)
+    return (s1 - s0) / (c1 - c0)
+
+
+def measure(p: Proxy, cluster: Cluster, n: int, repeats: int) -> dict[str, Any]:
+    row: dict[str, Any] = {"proxy": p.name, "mode": p.mode, "services": n, "endpoints": M}
+    try:
+        row["cold_start_s"] = cold_start(p, n)
+        progress(f"  {p.name}: cold start {row['cold_start_s']:.2f}s")
+        changes = [one_change(p, cluster, n, g) for g in range(1, repeats + 1)]
+        row["change_latency_p50_s"] = statistics.median(c[0] for c in changes)
+        row["change_sync_p50_s"] = statistics.median(c[1] for c in changes)
+        progress(f"  {p.name}: one change {row['change_latency_p50_s'] * 1000:.0f} ms "
+                 f"(sync {row['change_sync_p50_s'] * 1000:.1f} ms)")  # fmt: skip
+        row["churn_1pct_s"] = churn(p, cluster, n, repeats + 1)
+        progress(f"  {p.name}: 1% churn {row['churn_1pct_s']:.2f}s")
+        row["idle_resync_s"] = idle_resync(p)
+        row["rss_mb"] = p.rss_mb()
+    except Slow as err:
+        row["slow"] = str(err)
+        progress(f"  {err}: > 15 min")
+    row["cpu_s"] = p.cpu_seconds() if p.alive() else None
+    row["peak_rss_mb"] = p.peak_rss_mb() if p.alive() else None
+    return row
+
+
+def run(sizes: list[int], out: Path, repeats: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    work = Path(tempfile.mkdtemp(prefix="pyproxy-bench-"))
+    cluster = Cluster(work / "control-plane").start()
+    try:
+        from tests.e2e.kube import Kube
+
+        root = Path(__file__).resolve().parents[2]
+        Kube(cluster).apply_files(
+            root / "deploy" / "serviceaccount.yaml", root / "deploy" / "rbac.yaml"
+        )
+        kube = Kube(cluster)
+        kube.node("node-a")
+        kube.patch_status("/api/v1/nodes/node-a", {"addresses": [
+            {"type": "InternalIP", "address": "172.30.0.11"},
+            {"type": "Hostname", "address": "node-a"},
+        ]})  # fmt: skip
+        have = 0
+        for n in sizes:
+            progress(f"N = {n}: creating services up to {n} ...")
+            objects.grow(cluster, have, n, M, progress)
+            have = n
+            for name in ("kube-proxy", "pyproxy"):
+                p = Proxy(name, "iptables", cluster, work)
+                progress(f"N = {n}: {name} (iptables mode)")
+                try:
+                    rows.append(measure(p, cluster, n, repeats))
+                    if name == "pyproxy" and "cold_start_s" in rows[-1]:
+                        rows[-1]["kernel_floor_s"] = floor_of_namespace(p.ns)
+                        progress(f"  kernel floor {rows[-1]['kernel_floor_s']:.2f}s")
+                finally:
+                    p.stop()
+            report.write(rows, out)
+    finally:
+        cluster.stop()
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="N = 200, for CI: fails only on a crash")
+    ap.add_argument("--sizes", default="1000,5000,10000")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("needs root (network namespaces)", file=sys.stderr)
+        return 1
+    if missing_binaries() or binary("kube-proxy") is None:
+        print(
+            "the control plane and kube-proxy are not built: run `make e2e` first", file=sys.stderr
+        )
+        return 1
+    sizes = [200] if args.quick else [int(s) for s in args.sizes.split(",")]
+    out = Path(args.out) / ("quick" if args.quick else "")
+    out.mkdir(parents=True, exist_ok=True)
+    rows = run(sizes, out, 3 if args.quick else args.repeats)
+    if not args.quick:
+        render_row = render_beside_floor(2000, M)
+        progress(f"pyproxy render at 2,000 x {M}: {render_row['render_s']:.2f}s, "
+                 f"floor {render_row['floor_s']:.2f}s")  # fmt: skip
+        report.write(rows, out, render_row)
+    print(report.markdown(rows))
+    print(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
