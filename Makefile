@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 DEBS   := iptables ipset conntrack nftables iproute2 ipvsadm user-mode-linux procps kmod \
           buildah debootstrap
 
-.PHONY: install debs test unit lint e2e bench demo cluster cluster-down clean
+.PHONY: install debs test unit lint e2e bench bench-quick demo cluster cluster-down clean
 
 install: debs $(BIN)/pyproxy
 
@@ -35,9 +35,15 @@ lint: $(BIN)/pyproxy
 	$(BIN)/lint-imports
 
 bench: $(BIN)/pyproxy
-	$(BIN)/python -m tests.bench.partial_sync --services 10000 --endpoints 2 --backend nft
+	tests/cluster/build.sh
+	$(BIN)/python -m tests.bench.side_by_side --sizes 1000,5000,10000
+	$(BIN)/python -m tests.bench.kernel_load --services 10000 --endpoints 10 --backend nft
+	$(BIN)/python -m tests.bench.kernel_load --services 10000 --endpoints 10 --backend legacy
 	$(BIN)/python -m tests.bench.userspace
-	$(BIN)/python -m tests.bench.daemon_sync --services 10000 --endpoints 2 --target 2.0
+
+bench-quick: $(BIN)/pyproxy
+	tests/cluster/build.sh
+	$(BIN)/python -m tests.bench.side_by_side --quick
 
 demo: $(BIN)/pyproxy
 	$(BIN)/python -m tests.demo

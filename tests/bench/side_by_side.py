@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -186,6 +187,7 @@ def run(sizes: list[int], out: Path, repeats: int) -> list[dict[str, Any]]:
             report.write(rows, out)
     finally:
         cluster.stop()
+        shutil.rmtree(work, ignore_errors=True)
     return rows
 
 
