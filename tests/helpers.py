@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyproxy.model.events import Event, EventType
+from pyproxy.model.events import KINDS, Event, EventType
 from pyproxy.sync.tracker import ChangeTracker
 
 
@@ -94,7 +94,7 @@ def node(
 
 def tracker_with(node_name: str, *objs: dict[str, Any]) -> ChangeTracker:
     t = ChangeTracker(node_name)
-    for kind in ("Service", "EndpointSlice", "Node"):
+    for kind in KINDS:
         t.apply(Event(kind, EventType.REPLACE, objects=[o for o in objs if o["kind"] == kind]))
         t.apply(Event(kind, EventType.SYNCED))
     return t

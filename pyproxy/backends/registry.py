@@ -30,10 +30,17 @@ def _userspace(cfg: ProxyConfig) -> Backend:
     return UserspaceBackend(cfg)
 
 
+def _nftables(cfg: ProxyConfig) -> Backend:
+    from pyproxy.backends.nftables.backend import NftablesBackend
+
+    return NftablesBackend(cfg)
+
+
 FACTORIES: dict[str, Callable[[ProxyConfig], Backend]] = {
     "iptables": _iptables,
     "ipvs": _ipvs,
     "userspace": _userspace,
+    "nftables": _nftables,
 }
 
 

@@ -37,6 +37,7 @@ HEADLESS_LABEL = "service.kubernetes.io/headless"
 TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
 
 Obj = Mapping[str, Any]
+CLUSTER_SCOPED = ("Node", "ServiceCIDR")
 T = TypeVar("T")
 
 
@@ -63,7 +64,7 @@ def object_key(obj: Obj, kind: str) -> NamespacedName:
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping) or not meta.get("name"):
         raise BadObject(kind, object_ref(obj), "metadata.name is missing")
-    ns = meta.get("namespace") or ("" if kind == "Node" else "default")
+    ns = meta.get("namespace") or ("" if kind in CLUSTER_SCOPED else "default")
     return NamespacedName(str(ns), str(meta["name"]))
 
 
@@ -366,3 +367,11 @@ def node_info(obj: Obj) -> NodeInfo:
         addresses=_node_addresses(ref, obj.get("status")),
         pod_cidrs=_filter_valid("Node", ref, "spec.podCIDRs", raw_cidrs, _parse_cidr),
     )
+
+
+def service_cidr(obj: Obj) -> tuple[IPNetwork, ...]:
+    """A networking.k8s.io/v1 ServiceCIDR's ranges (bad entries dropped with a warning)."""
+    ref = object_ref(obj)
+    object_key(obj, "ServiceCIDR")
+    spec = obj.get("spec") or {}
+    return _filter_valid("ServiceCIDR", ref, "spec.cidrs", spec.get("cidrs"), _parse_cidr)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-KINDS = ("Service", "EndpointSlice", "Node")
+KINDS = ("Service", "EndpointSlice", "Node", "ServiceCIDR")
 
 
 class EventType(StrEnum):

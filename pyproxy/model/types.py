@@ -209,6 +209,9 @@ class ProxyState:
     endpoints: Mapping[ServicePortName, tuple[Endpoint, ...]]
     node: NodeInfo
     by_service: Mapping[NamespacedName, tuple[ServicePortName, ...]] | None = None
+    service_cidrs: tuple[IPNetwork, ...] = ()
+    """The cluster's service IP ranges (ServiceCIDR objects), for dropping traffic to
+    unallocated cluster IPs."""
 
     def endpoints_for(self, name: ServicePortName, family: IPFamily) -> tuple[Endpoint, ...]:
         return tuple(e for e in self.endpoints.get(name, ()) if e.family is family)

@@ -52,6 +52,9 @@ class Resource:
     path: str
     label_selector: str = ""
     field_selector: str = ""
+    optional: bool = False
+    """A kind the cluster may not serve (older API servers, narrower RBAC): without it the
+    source reports an empty list once instead of retrying forever."""
 
 
 @dataclass
@@ -121,6 +124,7 @@ def resources(node_name: str) -> tuple[Resource, ...]:
         Resource("Service", "/api/v1/services", NOT_OURS),
         Resource("EndpointSlice", "/apis/discovery.k8s.io/v1/endpointslices", NOT_OURS),
         Resource("Node", "/api/v1/nodes", field_selector=f"metadata.name={node_name}"),
+        Resource("ServiceCIDR", "/apis/networking.k8s.io/v1/servicecidrs", optional=True),
     )
 
 
@@ -227,29 +231,39 @@ class ApiServerSource:
                     backoff = BACKOFF_MIN
                 backoff = BACKOFF_MIN  # a watch that timed out normally: resume at once
                 continue
+            except ApiStatus as err:
+                if res.optional and err.status in (403, 404) and not synced:
+                    log.info("%s: not served here (%s); going on without", res.kind, err.status)
+                    self.sink(Event(res.kind, EventType.REPLACE, objects=[]))
+                    self.sink(Event(res.kind, EventType.SYNCED))
+                    return
+                if err.status == 410:
+                    stats.gone += 1
+                    rv = ""
+                self._retry_note(res, stats, err, backoff)
             except Gone as err:
                 stats.gone += 1
                 log.info("%s watch: resourceVersion %s is gone (%s); relisting", res.kind, rv, err)
                 rv = ""
                 continue
             except Exception as err:
-                stats.reconnects += 1
-                msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-                stats.errors.append(msg)
-                del stats.errors[:-20]
                 if _is_gone(err):
                     stats.gone += 1
                     rv = ""
-                log.warning(
-                    "%s watch: %s; retrying in %.1fs (keeping last known state)",
-                    res.kind,
-                    msg,
-                    backoff,
-                )
-                if self.on_reconnect is not None:
-                    self.on_reconnect(res.kind)
+                self._retry_note(res, stats, err, backoff)
             stop.wait(backoff)
             backoff = min(BACKOFF_MAX, backoff * 2)
+
+    def _retry_note(self, res: Resource, stats: WatchStats, err: Exception, backoff: float) -> None:
+        stats.reconnects += 1
+        msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+        stats.errors.append(msg)
+        del stats.errors[:-20]
+        log.warning(
+            "%s watch: %s; retrying in %.1fs (keeping last known state)", res.kind, msg, backoff
+        )
+        if self.on_reconnect is not None:
+            self.on_reconnect(res.kind)
 
     def start(self, stop: threading.Event) -> list[threading.Thread]:
         threads = []

@@ -77,7 +77,7 @@ def parse_file(path: Path) -> dict[ObjKey, Mapping[str, Any]]:
             if not isinstance(meta, Mapping) or not meta.get("name"):
                 log.error("%s: a %s without metadata.name is skipped", path, kind)
                 continue
-            ns = "" if kind == "Node" else str(meta.get("namespace") or "default")
+            ns = "" if kind in ("Node", "ServiceCIDR") else str(meta.get("namespace") or "default")
             obj = dict(obj)
             obj["metadata"] = {**meta, "namespace": ns} if ns else dict(meta)
             out[(str(kind), ns, str(meta["name"]))] = obj

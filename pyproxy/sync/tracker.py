@@ -29,6 +29,7 @@ from pyproxy.model import convert
 from pyproxy.model.events import Event, EventType
 from pyproxy.model.types import (
     Endpoint,
+    IPNetwork,
     NamespacedName,
     NodeInfo,
     ProxyState,
@@ -52,6 +53,7 @@ class Changes:
     service_changes: int
     endpoint_changes: int
     node_changed: bool
+    """The node's labels or the cluster's service CIDRs changed: a full sync is due."""
     trigger_times: Mapping[NamespacedName, tuple[float, ...]] = field(default_factory=dict)
     """EndpointSlice last-change-trigger-time (wall clock) per changed service."""
     first_seen: float | None = None
@@ -86,6 +88,7 @@ class ChangeTracker:
         self._eps: Map[ServicePortName, tuple[Endpoint, ...]] = Map()
         self._by_service: Map[NamespacedName, tuple[ServicePortName, ...]] = Map()
         self._node = NodeInfo(name=node_name, exists=False)
+        self._service_cidrs: dict[str, tuple[IPNetwork, ...]] = {}
         self._synced_node_labels: Mapping[str, str] = {}
         # pending change -> the value the last sync saw
         self._pending_services: dict[NamespacedName, tuple[ServicePort, ...] | None] = {}
@@ -128,6 +131,8 @@ class ChangeTracker:
             return self._on_slice(event.obj, deleted)
         if event.kind == "Node":
             return self._on_node(event.obj, deleted)
+        if event.kind == "ServiceCIDR":
+            return self._on_service_cidr(event.obj, deleted)
         log.warning("ignoring event for unknown kind %r", event.kind)
         return False
 
@@ -147,6 +152,9 @@ class ChangeTracker:
             for key in list(self._slice_keys):
                 if key not in keys:
                     changed |= self._drop_slice(key)
+        elif kind == "ServiceCIDR":
+            for name in [n for n in self._service_cidrs if NamespacedName("", n) not in keys]:
+                changed |= self._on_service_cidr({"metadata": {"name": name}}, True)
         elif kind == "Node" and self.node_name not in {k.name for k in keys}:
             changed |= self._on_node({"metadata": {"name": self.node_name}}, True)
         for obj in objects:
@@ -278,6 +286,25 @@ class ChangeTracker:
         self._node = info
         return True
 
+    def _on_service_cidr(self, obj: Mapping[str, Any], deleted: bool) -> bool:
+        try:
+            name = convert.object_key(obj, "ServiceCIDR").name
+            cidrs = () if deleted else convert.service_cidr(obj)
+        except convert.BadObject as err:
+            self._skip(err)
+            return False
+        before = self._service_cidrs.get(name, ())
+        if cidrs == before:
+            return False
+        if cidrs:
+            self._service_cidrs[name] = cidrs
+        else:
+            self._service_cidrs.pop(name, None)
+        self._node_changed = True  # the static part of the rules changes: a full sync
+        if self._first_seen is None:
+            self._first_seen = self._clock()
+        return True
+
     # ---- output side ------------------------------------------------------------------
 
     @property
@@ -295,7 +322,8 @@ class ChangeTracker:
             return self._state_locked()
 
     def _state_locked(self) -> ProxyState:
-        return ProxyState(self._ports, self._eps, self._node, self._by_service)
+        cidrs = tuple(dict.fromkeys(c for v in self._service_cidrs.values() for c in v))
+        return ProxyState(self._ports, self._eps, self._node, self._by_service, cidrs)
 
     def take(self) -> Changes:
         """Consume everything pending: the returned state becomes the new 'last synced'."""

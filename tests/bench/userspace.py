@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.netns.test_iptables_traffic import HTTP, HTTP_EP, svc
+from tests.netns.services import HTTP, HTTP_EP, svc
 from tests.netns.world import PYTHON, Pyproxy, World, can_run, manifest_objects, wait_for
 
 CLIENT = r"""

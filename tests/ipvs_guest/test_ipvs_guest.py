@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.netns import test_iptables_traffic as traffic
+from tests.netns import services
 from tests.netns.scrape import METRICS_URL, check_mode_families, get, metric, scrape
-from tests.netns.test_iptables_traffic import DNS, DNS_EP, HTTP, HTTP_EP, pods, svc
+from tests.netns.services import DNS, DNS_EP, HTTP, HTTP_EP, pods, svc
 from tests.netns.world import (
     NODE_CLIENT_IP,
     PYPROXY,
@@ -79,7 +79,7 @@ def dest_weights(world: World, vip: str) -> dict[str, int]:
 
 
 # The guest is slower than the host: the shared wait, with a longer bound.
-reachable = functools.partial(traffic.reachable, timeout=30)
+reachable = functools.partial(services.reachable, timeout=30)
 
 
 def test_cluster_ip_and_node_port_round_robin(world: World, proxy: Pyproxy) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.netns.world import Pyproxy, World, can_run
+from tests.netns.world import PYPROXY, Pyproxy, World, can_run
 
 REASON = can_run()
 
@@ -21,6 +21,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/netns" in str(item.fspath) and REASON:
             item.add_marker(pytest.mark.skip(reason=REASON))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A module listing PYPROXY_MODES runs its tests once per mode, one pyproxy at a time."""
+    modes = getattr(metafunc.module, "PYPROXY_MODES", None)
+    if modes and "proxy" in metafunc.fixturenames:
+        metafunc.parametrize("proxy", modes, indirect=True, scope="module")
 
 
 @pytest.fixture(scope="module")
@@ -39,12 +46,15 @@ def proxy(
 ) -> Iterator[Pyproxy]:
     d = tmp_path_factory.mktemp("manifests")
     extra = getattr(request.module, "PYPROXY_FLAGS", ())
-    mode = getattr(request.module, "PYPROXY_MODE", "iptables")
+    mode = getattr(request, "param", getattr(request.module, "PYPROXY_MODE", "iptables"))
     p = Pyproxy(world, d, d.parent / f"{d.name}-pyproxy.log", *extra, mode=mode).start()
     try:
         yield p
     finally:
         p.stop()
+        if hasattr(request, "param"):  # the next mode starts from a clean node
+            world.exec(world.node, PYPROXY, "cleanup", f"--mode={mode}", check=False)
+            world.exec(world.node, "conntrack", "-F", check=False)
         log = Path(p.log)
         if log.exists():
             print(

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.netns.iptables_compare import kube_rules, load_in_scratch_namespace
-from tests.netns.test_iptables_traffic import HTTP, HTTP_EP, svc
+from tests.netns.services import HTTP, HTTP_EP, svc
 from tests.netns.world import CLUSTER_CIDR, PYPROXY, PYTHON, ROOT, World, manifest_objects, total
 
 pytestmark = pytest.mark.netns

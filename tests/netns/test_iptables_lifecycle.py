@@ -11,7 +11,7 @@ import pytest
 from pyproxy.backends.iptables import names
 from pyproxy.model.types import Endpoint, NamespacedName, Protocol, ServicePortName
 from tests.netns.iptables_compare import kube_rules
-from tests.netns.test_iptables_traffic import HTTP, HTTP_EP, pods, reachable, svc
+from tests.netns.services import HTTP, HTTP_EP, pods, reachable, svc
 from tests.netns.world import PYPROXY, Pyproxy, World, manifest_objects, total, wait_for
 
 pytestmark = pytest.mark.netns

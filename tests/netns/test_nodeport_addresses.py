@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.netns.test_iptables_traffic import HTTP, HTTP_EP, pods, reachable, svc
+from tests.netns.services import HTTP, HTTP_EP, pods, reachable, svc
 from tests.netns.world import NODE_CLIENT_IP, Pyproxy, World, manifest_objects, sh, total
 
 pytestmark = pytest.mark.netns

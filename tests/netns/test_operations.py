@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.netns.scrape import check_mode_families, get, metric, scrape
-from tests.netns.test_iptables_traffic import HTTP, HTTP_EP, pods, reachable, svc
+from tests.netns.services import HTTP, HTTP_EP, pods, reachable, svc
 from tests.netns.world import Pyproxy, World, manifest_objects, wait_for
 
 pytestmark = pytest.mark.netns

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.netns.iptables_compare import canonical, kube_rules, load_in_scratch_namespace
-from tests.netns.test_iptables_traffic import DNS, DNS_EP, HTTP, HTTP_EP, pods, svc
+from tests.netns.services import DNS, DNS_EP, HTTP, HTTP_EP, pods, svc
 from tests.netns.world import (
     CLUSTER_CIDR,
     CLUSTER_CIDR6,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.netns.scrape import check_mode_families, metric, scrape
-from tests.netns.test_iptables_traffic import DNS, DNS_EP, HTTP, HTTP_EP, pods, reachable, svc
+from tests.netns.services import DNS, DNS_EP, HTTP, HTTP_EP, pods, reachable, svc
 from tests.netns.world import (
     NODE_CLIENT_IP,
     PYPROXY,

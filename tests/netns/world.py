@@ -303,6 +303,7 @@ class Pyproxy:
         ns: str | None = None,
     ) -> None:
         self.world = world
+        self.mode = mode
         self.manifests = manifests or Path("/nonexistent")
         self.log = log
         self.ns = ns or world.node

@@ -30,8 +30,8 @@ def test_initial_add_edit_delete(tmp_path: Path) -> None:
     src = ManifestsSource(tmp_path, events.append)
     src.initial()
     replaces = {e.kind: len(e.objects) for e in events if e.type is EventType.REPLACE}
-    assert replaces == {"Service": 1, "EndpointSlice": 1, "Node": 0}
-    assert sum(e.type is EventType.SYNCED for e in events) == 3
+    assert replaces == {"Service": 1, "EndpointSlice": 1, "Node": 0, "ServiceCIDR": 0}
+    assert sum(e.type is EventType.SYNCED for e in events) == 4
 
     events.clear()
     assert src.poll() == 0

@@ -1,0 +1,270 @@
+"""The nftables backend: upstream kube-proxy v1.36's table ``kube-proxy`` in family ip and ip6,
+rendered per service (``render``, ``table``) and written through libnftables (``kernel.nft``).
+
+A partial sync is one transaction per family holding only what changed: the changed services'
+chains, their affinity sets, and the set and map elements that differ from what was written
+(a mirror in memory: nothing is read back). A full sync (at start, after a failure, when the
+node's facts or the service CIDRs change, when the table was removed, hourly) rewrites
+everything, in ordered transactions when large. Stale chains are flushed at once and deleted
+by a later sync, at least a second on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection
+from dataclasses import dataclass, field, replace
+
+from prometheus_client import CollectorRegistry, Counter
+
+from pyproxy.backends.base import Backend, BackendError, BackendUnavailable, SyncRequest, SyncResult
+from pyproxy.backends.metrics import FAMILY, SyncDurations
+from pyproxy.backends.nftables import transactions as tx
+from pyproxy.backends.nftables.render import TABLE, NftConfig
+from pyproxy.backends.nftables.table import Rendered, Renderer, Updates
+from pyproxy.backends.stale_conntrack import stale_filters
+from pyproxy.config.settings import ProxyConfig
+from pyproxy.kernel import addresses, conntrack
+from pyproxy.kernel.nft import Nft, NftError
+from pyproxy.model.types import IPFamily, NamespacedName, ProxyState
+
+log = logging.getLogger(__name__)
+
+FAMILIES = (IPFamily.IPV4, IPFamily.IPV6)
+BATCH_RULES = 2_000
+"""Chains and rules per transaction of a large full sync (see ``transactions``)."""
+
+
+class NftablesMetrics:
+    """The families upstream registers for nftables mode."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.durations = SyncDurations(registry)
+        self.sync_failures = Counter(
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures",
+            "Cumulative proxy nftables sync failures",
+            FAMILY,
+            registry=registry,
+        )
+        self.cleanup_failures = Counter(
+            "kubeproxy_sync_proxy_rules_nftables_cleanup_failures",
+            "Cumulative proxy nftables cleanup failures",
+            FAMILY,
+            registry=registry,
+        )
+
+
+@dataclass
+class _Family:
+    cfg: NftConfig
+    renderer: Renderer
+    mirror: tx.Mirror = field(default_factory=tx.Mirror)
+    programmed: Rendered | None = None
+    trusted: bool = False
+    last_state: ProxyState | None = None
+
+    @property
+    def family(self) -> IPFamily:
+        return self.cfg.family
+
+
+class NftablesBackend(Backend):
+    mode = "nftables"
+
+    def __init__(self, cfg: ProxyConfig) -> None:
+        self.proxy = cfg
+        self.configs = {f: NftConfig(family=f, proxy=cfg) for f in FAMILIES}
+        self._nft: Nft | None = None
+        self._families: list[_Family] | None = None
+        self.metrics: NftablesMetrics | None = None
+        self.last_transactions: list[str] = []
+
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        self.metrics = NftablesMetrics(registry)
+
+    def render(self, state: ProxyState) -> str:
+        """The transaction a full sync writes into an empty namespace, per family."""
+        parts = []
+        for family in FAMILIES:
+            if family is IPFamily.IPV6 and not state.sorted_services(family):
+                continue
+            r = Renderer(self.configs[family]).full(state)
+            parts.append(
+                f"# {family.value}: input for nft -f\n" + tx.full(r, tx.Mirror(), (), (), 0)[0]
+            )
+        return "".join(parts)
+
+    # ---- set-up ---------------------------------------------------------------------------
+
+    def _setup(self) -> tuple[Nft, list[_Family]]:
+        if self._nft is None or self._families is None:
+            nft = Nft()
+            reason = nft.usable()
+            if reason is not None:
+                raise BackendUnavailable(f"--mode=nftables: {reason}")
+            fams = []
+            for cfg in self.configs.values():
+                probe = f"table {cfg.nft_family} pyproxy-probe"
+                try:
+                    nft.run(f"add {probe}\ndelete {probe}\n")
+                except NftError as err:
+                    log.warning("nftables family %s does not work here (%s)", cfg.nft_family, err)
+                    continue
+                fams.append(_Family(cfg, Renderer(cfg)))
+            log.info(
+                "nftables mode: %s, families %s", nft.how, ", ".join(f.family.value for f in fams)
+            )
+            self._nft, self._families = nft, fams
+        return self._nft, self._families
+
+    def drifted(self) -> bool:
+        """Someone deleted pyproxy's table: only a full sync brings it back."""
+        if self._nft is None or not self._families:
+            return False
+        present = self._nft.tables()
+        return any(
+            f.programmed is not None and (f.cfg.nft_family, TABLE) not in present
+            for f in self._families
+        )
+
+    # ---- sync -------------------------------------------------------------------------------
+
+    def _with_local_addresses(self, state: ProxyState) -> ProxyState:
+        if not self.proxy.nodeport_addresses.cidrs:
+            return state
+        try:
+            local = tuple(addresses.local_addresses())
+        except Exception as err:  # netlink trouble must not stop the sync
+            log.warning("cannot list local addresses: %s", err)
+            return state
+        return replace(state, node=state.node.with_local_addresses(local))
+
+    def sync(self, request: SyncRequest) -> SyncResult:
+        start = time.monotonic()
+        nft, fams = self._setup()
+        state = self._with_local_addresses(request.state)
+        times = [0.0, 0.0]
+        did_full = False
+        no_local: dict[tuple[str, IPFamily], int] = {}
+        self.last_transactions = []
+        for fam in fams:
+            full = self._sync_family(nft, fam, state, request, times)
+            did_full = did_full or full
+            assert fam.programmed is not None
+            for policy, n in fam.programmed.no_local.items():
+                no_local[(policy, fam.family)] = n
+            self._clear_conntrack(fam, state, None if full else request.changed)
+            fam.last_state = state
+        families = tuple(f.family for f in fams)
+        if self.metrics is not None:
+            self.metrics.durations.observe(did_full, time.monotonic() - start, families)
+        return SyncResult(did_full, families, times[0], times[1], no_local)
+
+    def _sync_family(
+        self, nft: Nft, fam: _Family, state: ProxyState, request: SyncRequest, times: list[float]
+    ) -> bool:
+        """True when this family had a full sync."""
+        now = time.monotonic()
+        full = request.full or fam.programmed is None or not fam.trusted
+        if not full and not self._delete_stale(nft, fam, now):
+            full = True
+        if not full and fam.programmed is not None:
+            t0 = time.monotonic()
+            updates = fam.renderer.updates(state, request.changed, fam.programmed)
+            t1 = time.monotonic()
+            times[0] += t1 - t0
+            if updates is not None:
+                try:
+                    self._partial(nft, fam, fam.programmed, updates, now)
+                    return False
+                except BackendError as err:
+                    log.warning("partial sync failed (%s); doing a full sync", err)
+                finally:
+                    times[1] += time.monotonic() - t1
+        t0 = time.monotonic()
+        new = fam.renderer.full(state, fam.programmed)
+        t1 = time.monotonic()
+        try:
+            self._full(nft, fam, new, now)
+        finally:
+            times[0] += t1 - t0
+            times[1] += time.monotonic() - t1
+        return True
+
+    def _run(self, nft: Nft, fam: _Family, text: str) -> None:
+        try:
+            nft.run(text)
+        except NftError as err:
+            fam.trusted = False
+            if self.metrics is not None:
+                self.metrics.sync_failures.labels(fam.family.value).inc()
+            raise BackendError(f"{fam.family.value} nftables transaction failed: {err}") from None
+        self.last_transactions.append(text)
+
+    def _partial(
+        self, nft: Nft, fam: _Family, programmed: Rendered, updates: Updates, now: float
+    ) -> None:
+        text, touched = tx.partial(programmed, updates, fam.mirror, now)
+        if text:
+            self._run(nft, fam, text)
+        tx.written_after_partial(programmed, touched, fam.mirror)
+
+    def _full(self, nft: Nft, fam: _Family, new: Rendered, now: float) -> None:
+        try:
+            existing = nft.names(fam.cfg.nft_family, TABLE)
+        except NftError as err:
+            raise BackendError(
+                f"cannot list the {fam.cfg.nft_family} {TABLE} table: {err}"
+            ) from None
+        batch = BATCH_RULES if new.rule_count() > BATCH_RULES else None
+        texts = tx.full(new, fam.mirror, existing["chain"], existing["set"], now, batch)
+        fam.programmed, fam.trusted = new, False
+        for i, text in enumerate(texts):
+            self._run(nft, fam, text)
+            if len(texts) > 1:
+                log.info("full sync: transaction %d of %d applied", i + 1, len(texts))
+        tx.written_after_full(new, fam.mirror)
+        fam.trusted = True
+
+    def _delete_stale(self, nft: Nft, fam: _Family, now: float) -> bool:
+        """Delete chains flushed long enough ago; False (and a full sync) if that failed."""
+        assert fam.programmed is not None
+        text, due = tx.stale_deletions(fam.programmed, fam.mirror, now)
+        if not text:
+            return True
+        try:
+            nft.run(text)
+        except NftError as err:
+            log.warning("cannot delete %d stale chains (%s); syncing fully", len(due), err)
+            if self.metrics is not None:
+                self.metrics.cleanup_failures.labels(fam.family.value).inc()
+            return False
+        for chain in due:
+            fam.mirror.stale_chains.pop(chain, None)
+        log.info("deleted %d stale chains (%s)", len(due), fam.family.value)
+        return True
+
+    def _clear_conntrack(
+        self, fam: _Family, state: ProxyState, changed: Collection[NamespacedName] | None
+    ) -> None:
+        filters = stale_filters(fam.last_state, state, fam.family, changed)
+        if filters:
+            n = conntrack.delete(filters, ipv6=fam.family is IPFamily.IPV6)
+            log.info("cleared %d stale UDP conntrack entries (%s)", n, fam.family.value)
+
+    # ---- cleanup ----------------------------------------------------------------------------
+
+    def cleanup(self) -> None:
+        """Delete pyproxy's kube-proxy tables (ip and ip6), and nothing else."""
+        nft = Nft()
+        reason = nft.usable()
+        if reason is not None:
+            raise BackendError(reason)
+        present = nft.tables()
+        for cfg in self.configs.values():
+            if (cfg.nft_family, TABLE) in present:
+                try:
+                    nft.run(f"delete table {cfg.nft_family} {TABLE}\n")
+                except NftError as err:
+                    raise BackendError(f"cannot delete {cfg.nft_family} {TABLE}: {err}") from None

@@ -1,0 +1,159 @@
+"""The part of the kube-proxy table that depends on no service (upstream's ``setupNFTables``):
+base chains with their hooks, the dispatch and check chains, the shared sets and verdict maps
+and their fixed rules. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyproxy.backends.nftables.render import (
+    CLUSTER_IPS,
+    FIREWALL_IPS,
+    HAIRPIN,
+    NO_ENDPOINT_NODEPORTS,
+    NO_ENDPOINT_SERVICES,
+    NODEPORT_IPS,
+    REJECT_CHAIN,
+    SERVICE_IPS,
+    SERVICE_NODEPORTS,
+    Element,
+    NftConfig,
+    NodeFacts,
+)
+from pyproxy.model.types import IPFamily, IPNetwork
+
+TABLE_COMMENT = "rules for kube-proxy"
+
+# (name, type, hook, priority): upstream's nftablesBaseChains
+BASE_CHAINS = (
+    ("filter-prerouting-pre-dnat", "filter", "prerouting", "-110"),
+    ("filter-output-pre-dnat", "filter", "output", "-110"),
+    ("filter-input", "filter", "input", "0"),
+    ("filter-forward", "filter", "forward", "0"),
+    ("filter-output", "filter", "output", "0"),
+    ("nat-prerouting", "nat", "prerouting", "-100"),
+    ("nat-output", "nat", "output", "-100"),
+    ("nat-postrouting", "nat", "postrouting", "100"),
+)
+# (target, from, match): upstream's nftablesJumpChains
+JUMPS = (
+    ("nodeport-endpoints-check", "filter-input", "ct state new"),
+    ("service-endpoints-check", "filter-input", "ct state new"),
+    ("service-endpoints-check", "filter-forward", "ct state new"),
+    ("service-endpoints-check", "filter-output", "ct state new"),
+    ("firewall-check", "filter-prerouting-pre-dnat", "ct state new"),
+    ("firewall-check", "filter-output-pre-dnat", "ct state new"),
+    ("services", "nat-output", ""),
+    ("services", "nat-prerouting", ""),
+    ("masquerading", "nat-postrouting", ""),
+    ("cluster-ips-check", "filter-forward", "ct state new"),
+    ("cluster-ips-check", "filter-output", "ct state new"),
+)
+
+
+@dataclass
+class Static:
+    """Objects and rules of the table that no service owns."""
+
+    chains: dict[str, str] = field(default_factory=dict)
+    """Every non-service chain -> its definition ("" for a plain chain)."""
+    rules: dict[str, list[str]] = field(default_factory=dict)
+    sets: dict[str, str] = field(default_factory=dict)
+    maps: dict[str, str] = field(default_factory=dict)
+    elements: list[Element] = field(default_factory=list)
+    match_all_nodeports: bool = False
+    """NodePorts on every local address: the nodeport-ips set must not exist."""
+
+
+def _rule(s: Static, chain: str, rule: str) -> None:
+    s.rules.setdefault(chain, []).append(rule)
+
+
+def _containers(s: Static, cfg: NftConfig) -> None:
+    a = cfg.addr_type
+    key = f"{a} . inet_proto . inet_service : verdict"
+    port_key = "inet_proto . inet_service : verdict"
+    sets = {
+        CLUSTER_IPS: (a, "Active ClusterIPs"),
+        HAIRPIN: (f"{a} . {a} . inet_proto . inet_service", "service hairpin connections"),
+    }
+    if not s.match_all_nodeports:
+        sets[NODEPORT_IPS] = (a, "IPs that accept NodePort traffic")
+    maps = {
+        NO_ENDPOINT_SERVICES: (
+            key, "vmap to drop or reject packets to services with no endpoints"
+        ),
+        NO_ENDPOINT_NODEPORTS: (
+            port_key, "vmap to drop or reject packets to service nodeports with no endpoints"
+        ),
+        FIREWALL_IPS: (key, "destinations that are subject to LoadBalancerSourceRanges"),
+        SERVICE_IPS: (key, "ClusterIP, ExternalIP and LoadBalancer IP traffic"),
+        SERVICE_NODEPORTS: (port_key, "NodePort traffic"),
+    }  # fmt: skip
+    for target, items in ((s.sets, sets), (s.maps, maps)):
+        for name, (typ, comment) in items.items():
+            target[name] = f'{{ type {typ} ; comment "{comment}" ; }}'
+
+
+def _check_chains(s: Static, cfg: NftConfig, service_cidrs: tuple[IPNetwork, ...]) -> None:
+    ip, mark = cfg.nft_family, cfg.proxy.masquerade.mark
+    _rule(
+        s, "masquerading", f"mark and {mark} != 0 mark set mark xor {mark} masquerade fully-random"
+    )
+    hairpin = f"{ip} saddr . {ip} daddr . meta l4proto . th dport @{HAIRPIN}"
+    _rule(s, "masquerading", f"ct status dnat {hairpin} masquerade fully-random")
+    why = "Reject traffic to invalid ports of ClusterIPs"
+    _rule(s, "cluster-ips-check", f'{ip} daddr @{CLUSTER_IPS} reject comment "{why}"')
+    cidrs = [str(c) for c in service_cidrs if IPFamily.of(c) is cfg.family]
+    if cidrs:
+        why = "Drop traffic to unallocated ClusterIPs"
+        _rule(s, "cluster-ips-check", f'{ip} daddr {{ {", ".join(cidrs)} }} drop comment "{why}"')
+    helper = "helper for @no-endpoint-services / @no-endpoint-nodeports"
+    s.chains[REJECT_CHAIN] = f'{{ comment "{helper}" ; }}'
+    _rule(s, REJECT_CHAIN, "reject")
+    dispatch = f"{ip} daddr . meta l4proto . th dport vmap"
+    _rule(s, "service-endpoints-check", f"{dispatch} @{NO_ENDPOINT_SERVICES}")
+    where = cfg.no_localhost if s.match_all_nodeports else f"{ip} daddr @{NODEPORT_IPS}"
+    _rule(
+        s, "nodeport-endpoints-check",
+        f"{where} meta l4proto . th dport vmap @{NO_ENDPOINT_NODEPORTS}",
+    )  # fmt: skip
+    _rule(s, "firewall-check", f"{dispatch} @{FIREWALL_IPS}")
+
+
+def _services_chain(s: Static, cfg: NftConfig, node: NodeFacts) -> None:
+    ip = cfg.nft_family
+    if cfg.proxy.masquerade.all:
+        why = "masquerade all clusterIP traffic"
+        _rule(s, "services", f'{ip} daddr @{CLUSTER_IPS} {cfg.masquerade} comment "{why}"')
+    elif node.local_cidrs:
+        why = "masquerade clusterIP traffic from outside cluster"
+        outside = f"{ip} saddr != {node.local_cidrs[0]}"
+        _rule(
+            s, "services", f'{ip} daddr @{CLUSTER_IPS} {outside} {cfg.masquerade} comment "{why}"'
+        )
+    _rule(s, "services", f"{ip} daddr . meta l4proto . th dport vmap @{SERVICE_IPS}")
+    ports = f"meta l4proto . th dport vmap @{SERVICE_NODEPORTS}"
+    if s.match_all_nodeports:
+        _rule(s, "services", f"fib daddr type local {cfg.no_localhost} {ports}")
+    else:
+        _rule(s, "services", f"{ip} daddr @{NODEPORT_IPS} {ports}")
+
+
+def static_objects(cfg: NftConfig, node: NodeFacts, service_cidrs: tuple[IPNetwork, ...]) -> Static:
+    nodeport_ips = cfg.proxy.nodeport_addresses.node_ips(node.node, cfg.family)
+    s = Static(match_all_nodeports=nodeport_ips is None)
+    for name, ctype, hook, prio in BASE_CHAINS:
+        s.chains[name] = f"{{ type {ctype} hook {hook} priority {prio} ; }}"
+    for target, source, match in JUMPS:
+        s.chains.setdefault(target, "")
+        _rule(s, source, f"{match} jump {target}".strip())
+    for chain in ("services", "cluster-ips-check", "masquerading", "firewall-check"):
+        s.chains.setdefault(chain, "")
+    _containers(s, cfg)
+    _check_chains(s, cfg, service_cidrs)
+    _services_chain(s, cfg, node)
+    for ip in nodeport_ips or ():
+        if not ip.is_loopback:  # upstream: localhost NodePorts are not supported here
+            s.elements.append(Element(NODEPORT_IPS, str(ip)))
+    return s

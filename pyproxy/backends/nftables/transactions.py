@@ -1,0 +1,217 @@
+"""nftables transactions (nft input text) that move the kernel from what pyproxy wrote to a new
+rule set: a full sync, in ordered transactions when large, or a partial one that writes only
+what changed. Pure: the ``Mirror`` remembers what was written instead of reading it back.
+
+A full sync writes the services' own chains first, in transactions of about ``max_rules``
+rules each, a whole service per transaction so its chains and affinity sets arrive together;
+nothing points to them yet. The last transaction writes the static part and every set and map
+element: only from then on do service addresses lead to the new chains, so there is never an
+element pointing to a missing chain. (nft's cost for one transaction grows faster than its
+size; at 10,000 services one transaction is several times slower than ordered ones.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from pyproxy.backends.nftables import names
+from pyproxy.backends.nftables.render import MAPS, NODEPORT_IPS, SETS, Element
+from pyproxy.backends.nftables.static import BASE_CHAINS
+from pyproxy.backends.nftables.table import ElementKey, ElementValue, Rendered, Updates
+
+STALE_CHAIN_DELAY = 1.0
+"""Seconds a flushed chain waits before deletion: kernels before 6.2 keep a removed map
+element's chain referenced for a moment (upstream's comment in syncProxyRules)."""
+
+
+@dataclass
+class Mirror:
+    """What pyproxy wrote to one family's table, as far as a partial sync needs to know."""
+
+    elements: dict[ElementKey, ElementValue] = field(default_factory=dict)
+    stale_chains: dict[str, float] = field(default_factory=dict)
+    """Chains flushed because nothing uses them, and when (monotonic seconds)."""
+    base_chains_reset: bool = False
+    """Whether this process re-created the base chains (its first full sync does, so that a
+    hook or priority written by another version is replaced)."""
+
+
+def _add(r: Rendered, kind: str) -> str:
+    return r.prefix("add", kind)
+
+
+def _chain_block(r: Rendered, chains: dict[str, list[str]], sets: dict[str, str]) -> list[str]:
+    """Declare, flush and fill ``chains``; affinity ``sets`` are added first."""
+    out = [f"{_add(r, 'set')} {n} {d}\n" for n, d in sets.items()]
+    for chain in chains:
+        out += [f"{_add(r, 'chain')} {chain}\n", f"{r.prefix('flush', 'chain')} {chain}\n"]
+    out += [f"{_add(r, 'rule')} {c} {rule}\n" for c, rules in chains.items() for rule in rules]
+    return out
+
+
+def _service_batches(r: Rendered, max_rules: int) -> list[list[str]]:
+    batches: list[list[str]] = []
+    current: list[str] = []
+    size = 0
+    for svc in sorted(r.entries):
+        obj = r.entries[svc].objects
+        current += _chain_block(r, obj.chains, obj.sets)
+        size += sum(len(rules) + 1 for rules in obj.chains.values())
+        if size >= max_rules:
+            batches.append(current)
+            current, size = [], 0
+    if current:
+        batches.append(current)
+    return batches
+
+
+def full(
+    r: Rendered,
+    mirror: Mirror,
+    existing_chains: Collection[str],
+    existing_sets: Collection[str],
+    now: float,
+    max_rules: int | None = None,
+) -> list[str]:
+    """The transactions of a full sync. ``existing_*`` are the table's current chain and set
+    names (listed once per full sync), to find stale ones."""
+    table = r.table_line()
+    if max_rules is None:
+        own = [line for b in _service_batches(r, 1 << 60) for line in b]
+        return [_final(r, mirror, existing_chains, existing_sets, now, own)]
+    batches = [[table, *b] for b in _service_batches(r, max_rules)]
+    final = _final(r, mirror, existing_chains, existing_sets, now, [])
+    return ["".join(b) for b in batches] + [final]
+
+
+def _final(
+    r: Rendered,
+    mirror: Mirror,
+    existing_chains: Collection[str],
+    existing_sets: Collection[str],
+    now: float,
+    own: list[str],
+) -> str:
+    """The static part, ``own`` service chains, stale chains flushed, every element."""
+    out = [r.table_line()]
+    if not mirror.base_chains_reset:
+        for name, *_ in BASE_CHAINS:
+            out += [f"{_add(r, 'chain')} {name}\n", f"{r.prefix('delete', 'chain')} {name}\n"]
+    out += r.container_lines() + r.static_chain_lines(flush=True) + own
+    active = r.service_chains()
+    stale = sorted(c for c in existing_chains if names.is_service_chain(c) and c not in active)
+    out += [f"{r.prefix('flush', 'chain')} {c}\n" for c in stale]
+    out += r.static_rule_lines()
+    containers = [(k, n) for k, ns in (("set", SETS), ("map", MAPS)) for n in ns]
+    if not r.static.match_all_nodeports:
+        containers.append(("set", NODEPORT_IPS))
+    out += [f"{r.prefix('flush', kind)} {name}\n" for kind, name in containers]
+    out += r.element_lines()
+    wanted = r.affinity_sets()
+    out += [
+        f"{r.prefix('delete', 'set')} {n}\n"
+        for n in sorted(existing_sets)
+        if names.is_affinity_set(n) and n not in wanted
+    ]
+    if r.static.match_all_nodeports:
+        out += [
+            f"{_add(r, 'set')} {NODEPORT_IPS} {{ type {r.cfg.addr_type} ; }}\n",
+            f"{r.prefix('delete', 'set')} {NODEPORT_IPS}\n",
+        ]
+    mirror.stale_chains.update({c: now for c in stale if c not in mirror.stale_chains})
+    return "".join(out)
+
+
+def written_after_full(r: Rendered, mirror: Mirror) -> None:
+    """Record a successful full sync in the mirror."""
+    mirror.elements = {(e.container, e.key): (e.value, e.comment) for e in r.elements()}
+    mirror.base_chains_reset = True
+    for chain in r.service_chains():
+        mirror.stale_chains.pop(chain, None)
+
+
+def partial(
+    r: Rendered, updates: Updates, mirror: Mirror, now: float
+) -> tuple[str, set[ElementKey]]:
+    """The transaction for ``updates`` ("" when nothing differs in the kernel) and the element
+    keys it may change. Applies ``updates`` to ``r``; when the transaction succeeds the
+    caller records the elements with ``written_after_partial``."""
+    old_chains: dict[str, list[str]] = {}
+    old_sets: dict[str, str] = {}
+    new_chains: dict[str, list[str]] = {}
+    new_sets: dict[str, str] = {}
+    touched: set[ElementKey] = set()
+    for svc, entry in updates.items():
+        old = r.entries.get(svc)
+        for e in (old.objects.elements if old else []) + (entry.objects.elements if entry else []):
+            touched.add((e.container, e.key))
+        if old is not None:
+            old_chains.update(old.objects.chains)
+            old_sets.update(old.objects.sets)
+        if entry is not None:
+            new_chains.update(entry.objects.chains)
+            new_sets.update(entry.objects.sets)
+    r.apply(updates)
+    out = _chain_changes(r, old_chains, new_chains, old_sets, new_sets, mirror, now)
+    out += _element_changes(r, touched, mirror)
+    return "".join(out), touched
+
+
+def _chain_changes(
+    r: Rendered,
+    old_chains: dict[str, list[str]],
+    new_chains: dict[str, list[str]],
+    old_sets: dict[str, str],
+    new_sets: dict[str, str],
+    mirror: Mirror,
+    now: float,
+) -> list[str]:
+    write = {c: rules for c, rules in new_chains.items() if old_chains.get(c) != rules}
+    gone = [c for c in old_chains if c not in new_chains]
+    sets_out = [n for n, d in old_sets.items() if new_sets.get(n) != d]
+    sets_in = {n: d for n, d in new_sets.items() if old_sets.get(n) != d}
+    out = [f"{_add(r, 'chain')} {c}\n" for c in write]
+    out += [f"{r.prefix('flush', 'chain')} {c}\n" for c in (*write, *gone)]
+    out += [f"{r.prefix('delete', 'set')} {n}\n" for n in sets_out]
+    out += [f"{_add(r, 'set')} {n} {d}\n" for n, d in sets_in.items()]
+    out += [f"{_add(r, 'rule')} {c} {rule}\n" for c, rules in write.items() for rule in rules]
+    for c in write:
+        mirror.stale_chains.pop(c, None)
+    for c in gone:
+        mirror.stale_chains.setdefault(c, now)
+    return out
+
+
+def _element_changes(r: Rendered, touched: set[ElementKey], mirror: Mirror) -> list[str]:
+    deletes: list[str] = []
+    adds: list[str] = []
+    for key in sorted(touched):
+        want = r.element(key)
+        have = mirror.elements.get(key)
+        if want is not None and have == (want.value, want.comment):
+            continue
+        if have is not None:
+            deletes.append(f"{r.prefix('delete', 'element')} {key[0]} {{ {key[1]} }}\n")
+        if want is not None:
+            adds.append(f"{_add(r, 'element')} {key[0]} {want.text()}\n")
+    return deletes + adds
+
+
+def written_after_partial(r: Rendered, touched: Collection[ElementKey], mirror: Mirror) -> None:
+    for key in touched:
+        e = r.element(key)
+        if e is None:
+            mirror.elements.pop(key, None)
+        else:
+            mirror.elements[key] = (e.value, e.comment)
+
+
+def stale_deletions(r: Rendered, mirror: Mirror, now: float) -> tuple[str, list[str]]:
+    """A transaction deleting the chains flushed at least STALE_CHAIN_DELAY ago."""
+    due = [c for c, t in mirror.stale_chains.items() if now - t >= STALE_CHAIN_DELAY]
+    text = "".join(f"{r.prefix('delete', 'chain')} {c}\n" for c in sorted(due))
+    return text, due
+
+
+__all__ = ["Element", "Mirror", "full", "partial", "stale_deletions"]
