@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -71,13 +73,19 @@ def test_bad_flags_give_one_line_and_status_2(args: list[str], flag: str) -> Non
     assert len(lines) == 1 and lines[0].startswith("pyproxy: error:") and flag in lines[0]
 
 
-def test_unbuilt_mode_is_a_clear_error() -> None:
-    res = run("render", "--mode=nftables", "--manifests", str(ROOT / "examples"))
-    assert res.returncode == 1
-    assert res.stderr.strip() == (
-        "pyproxy: error: --mode=nftables is not implemented yet "
-        "(available: iptables, ipvs, userspace)"
-    )
+def test_render_nftables_prints_one_loadable_transaction() -> None:
+    res = run(
+        "render", "--mode=nftables", "--manifests", str(ROOT / "examples"), "--node", "node-a",
+        "--cluster-cidr", "10.244.0.0/16",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0] == "# IPv4: input for nft -f"
+    assert 'add table ip kube-proxy { comment "rules for kube-proxy" ; }' in lines
+    # upstream's chain name: base32(sha256("ns/name/proto/port"))[:8] + "-" + that name
+    h = base64.b32encode(hashlib.sha256(b"demo/web/tcp/http").digest()).decode()[:8]
+    element = f"{{ 10.96.0.10 . tcp . 80 : goto service-{h}-demo/web/tcp/http }}"
+    assert f"add element ip kube-proxy service-ips {element}" in lines
 
 
 def test_config_file_and_flags_override(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from pyproxy.backends import registry
 from pyproxy.backends.base import BackendUnavailable
 from pyproxy.backends.iptables.backend import IptablesBackend
 from pyproxy.backends.ipvs.backend import IpvsBackend
+from pyproxy.backends.nftables.backend import NftablesBackend
 from pyproxy.config.load import ConfigError, default_document, load
 from pyproxy.config.settings import DetectLocalMode, ProxyConfig
 from pyproxy.model import convert
@@ -145,8 +146,9 @@ def test_backends_are_built_from_the_configuration() -> None:
     assert (
         isinstance(ipvs, IpvsBackend) and ipvs.configs[IPFamily.IPV4].proxy.ipvs_scheduler == "sh"
     )
-    with pytest.raises(BackendUnavailable, match="not implemented yet"):
-        registry.create(ProxyConfig(mode="nftables"))
+    assert isinstance(registry.create(ProxyConfig(mode="nftables")), NftablesBackend)
+    with pytest.raises(BackendUnavailable, match="unknown mode 'turbo'"):
+        registry.create(ProxyConfig(mode="turbo"))
 
 
 # ---- NodePort addresses from the node's facts --------------------------------------------
