@@ -67,6 +67,8 @@ class SyncResult:
     apply_seconds: float = 0.0
     no_local_endpoints: Mapping[tuple[str, IPFamily], int] = field(default_factory=dict)
     """Services with a Local policy and no local endpoint, by ("internal"|"external", family)."""
+    sync_again_in: float | None = None
+    """Seconds after which the backend has deferred work (None: none)."""
 
 
 class Backend(abc.ABC):

@@ -82,6 +82,8 @@ class Daemon:
         if rec.ok and rec.state is not None:
             if rec.result is not None:
                 self._families = rec.result.families
+                if rec.result.sync_again_in is not None:
+                    self.runner.run_in(rec.result.sync_again_in)
             self.health.updated(as_of=rec.taken)
             self.health.sync_node(rec.state.node)
             self.service_health.sync(rec.state, None if rec.full else rec.changed)

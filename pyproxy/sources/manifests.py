@@ -172,7 +172,8 @@ class ManifestsSource:
             if self._reread(path) if path.exists() else self._forget(path):
                 affected |= had | set(self._per_file.get(path, {}))
         events = 0
-        for key in sorted(affected):
+        # Services before their EndpointSlices, so no sync sees endpoints of an unknown service.
+        for key in sorted(affected, key=lambda k: (KINDS.index(k[0]), k)):
             before, after = self._current.get(key), self._winner(key)
             if before == after:
                 continue

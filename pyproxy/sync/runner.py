@@ -43,6 +43,7 @@ class BoundedFrequencyRunner:
         self._requested = True  # the first run happens as soon as allowed
         self._last_run: float | None = None
         self._retry_at: float | None = None
+        self._wanted_at: float | None = None
         self._retry_delay = 0.0
         self.runs = 0
         self.failures = 0
@@ -51,6 +52,14 @@ class BoundedFrequencyRunner:
         """Ask for a run soon (coalesced with other requests within ``min_interval``)."""
         with self._cond:
             self._requested = True
+            self._cond.notify_all()
+
+    def run_in(self, seconds: float) -> None:
+        """Ask for a run no later than ``seconds`` from now (a backend with deferred work,
+        such as deleting chains it flushed, asks for one)."""
+        with self._cond:
+            at = self._clock() + seconds
+            self._wanted_at = at if self._wanted_at is None else min(self._wanted_at, at)
             self._cond.notify_all()
 
     def next_due(self) -> float:
@@ -67,6 +76,8 @@ class BoundedFrequencyRunner:
             due = earliest
         if self._retry_at is not None:
             due = min(due, max(self._retry_at, earliest))
+        if self._wanted_at is not None:
+            due = min(due, max(self._wanted_at, earliest))
         return due
 
     def tick(self) -> float:
@@ -78,6 +89,7 @@ class BoundedFrequencyRunner:
                 return due - now
             self._requested = False
             self._retry_at = None
+            self._wanted_at = None
             previous, self._last_run = self._last_run, now
         try:
             if self._fn() is False:

@@ -157,7 +157,7 @@ class Syncer:
             rec.duration,
             changes.service_changes,
             changes.endpoint_changes,
-            f" ({reason})" if result.full else "",
+            f" ({reason if full else 'the backend needed one'})" if result.full else "",
         )
 
     def _record(self, rec: SyncRecord) -> None:

@@ -1,18 +1,14 @@
 """iptables mode only: what the rules look like to iptables-save (SCTP rules load, per-endpoint
-counters, the kernel after partial syncs equal to a full render)."""
+counters). The kernel after partial syncs equal to a full render: test_partial_syncs.py."""
 
 from __future__ import annotations
 
 import re
-import subprocess
 
 import pytest
 
-from tests.netns.iptables_compare import canonical, kube_rules, load_in_scratch_namespace
 from tests.netns.services import HTTP, HTTP_EP, pods, reachable, svc
 from tests.netns.world import (
-    CLUSTER_CIDR,
-    CLUSTER_CIDR6,
     PYPROXY,
     Pyproxy,
     World,
@@ -71,33 +67,3 @@ def test_status_counts_connections_per_endpoint(world: World, proxy: Pyproxy) ->
     assert {k: v for k, v in delta.items() if v} == r["replies"]  # one DNAT per connection
     out = world.exec(world.node, PYPROXY, "status").stdout
     assert "t/counted:http" in out and "10.244.1.2:8080" in out
-
-
-def test_kernel_rules_after_partial_syncs_equal_a_full_render(world: World, proxy: Pyproxy) -> None:
-    """After all the partial syncs above, the kernel holds what a full sync would write."""
-    render = subprocess.run(
-        [
-            PYPROXY,
-            "render",
-            "--manifests",
-            str(proxy.manifests),
-            "--node",
-            "node-a",
-            "--cluster-cidr",
-            f"{CLUSTER_CIDR},{CLUSTER_CIDR6}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    loaded = load_in_scratch_namespace(world, render.split("# IPv6")[0])
-    expected = {t: canonical(r) for t, r in loaded.items()}
-    got = {t: canonical(kube_rules(world.iptables_save(t))) for t in ("filter", "nat")}
-    diff = {
-        (t, c): (got[t].get(c), expected[t].get(c))
-        for t in got
-        for c in set(got[t]) | set(expected[t])
-        if got[t].get(c) != expected[t].get(c)
-    }
-    assert not diff, "\n".join(f"{k}:\n  kernel: {a}\n  render: {b}" for k, (a, b) in diff.items())
-    assert len(got["nat"]) > 20  # the comparison covers the services written above

@@ -101,3 +101,15 @@ def test_a_run_that_did_nothing_does_not_delay_the_first_sync() -> None:
     r.run()  # the lists arrived
     r.tick()
     assert calls == [1000.0, 1000.1]  # not held back until 1001.0
+
+
+def test_a_run_asked_for_later_happens_then_and_not_before() -> None:
+    r, clock, calls = make(min_i=1.0, max_i=3600.0)
+    r.tick()
+    r.run_in(5.0)
+    clock.t += 4.9
+    r.tick()
+    assert len(calls) == 1
+    clock.t += 0.2
+    r.tick()
+    assert len(calls) == 2

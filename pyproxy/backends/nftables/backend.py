@@ -159,7 +159,11 @@ class NftablesBackend(Backend):
         families = tuple(f.family for f in fams)
         if self.metrics is not None:
             self.metrics.durations.observe(did_full, time.monotonic() - start, families)
-        return SyncResult(did_full, families, times[0], times[1], no_local)
+        pending = [t for f in fams for t in f.mirror.stale_chains.values()]
+        again = (
+            max(0.0, min(pending) + tx.STALE_CHAIN_DELAY - time.monotonic()) if pending else None
+        )
+        return SyncResult(did_full, families, times[0], times[1], no_local, again)
 
     def _sync_family(
         self, nft: Nft, fam: _Family, state: ProxyState, request: SyncRequest, times: list[float]

@@ -169,7 +169,9 @@ def _chain_changes(
 ) -> list[str]:
     write = {c: rules for c, rules in new_chains.items() if old_chains.get(c) != rules}
     gone = [c for c in old_chains if c not in new_chains]
-    sets_out = [n for n, d in old_sets.items() if new_sets.get(n) != d]
+    # "add set" on an existing set updates its timeout: only sets no longer used go (their
+    # chains are gone, so flushed above, and nothing references them any more).
+    sets_out = [n for n in old_sets if n not in new_sets]
     sets_in = {n: d for n, d in new_sets.items() if old_sets.get(n) != d}
     out = [f"{_add(r, 'chain')} {c}\n" for c in write]
     out += [f"{r.prefix('flush', 'chain')} {c}\n" for c in (*write, *gone)]
