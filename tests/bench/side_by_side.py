@@ -26,6 +26,7 @@ Usage: python -m tests.bench.side_by_side [--quick] [--sizes 1000,5000,10000] [-
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -45,6 +46,10 @@ from tests.cluster.cluster import Cluster, binary, missing_binaries
 
 CAP = 15 * 60.0
 M = 10
+GENERATIONS = itertools.count(1)
+"""Each write of new endpoints uses a generation never used before in the run: a slice
+rewritten with the addresses it already has is no change (neither proxy reprograms it), and
+the cluster is kept from one size to the next."""
 LAST = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
 NPL = "kubeproxy_network_programming_duration_seconds"
 SYNC = "kubeproxy_sync_proxy_rules_duration_seconds"
@@ -94,25 +99,25 @@ def settle() -> None:
     time.sleep(2.0)
 
 
-def one_change(p: Proxy, cluster: Cluster, n: int, generation: int) -> tuple[float, float]:
+def one_change(p: Proxy, cluster: Cluster, n: int) -> tuple[float, float]:
     """(network-programming latency, sync duration) of one EndpointSlice change."""
     settle()
     before = p.metrics()
     c0, s0 = histogram(p, before, NPL)
     d0, ds0 = histogram(p, before, SYNC)
-    objects.change_endpoints(cluster, [random.randrange(n)], M, generation)
+    objects.change_endpoints(cluster, [random.randrange(n)], M, next(GENERATIONS))
     after = wait(p, lambda t: histogram(p, t, NPL)[0] > c0, CAP, "one change")
     c1, s1 = histogram(p, after, NPL)
     d1, ds1 = histogram(p, after, SYNC)
     return (s1 - s0) / (c1 - c0), (ds1 - ds0) / max(d1 - d0, 1)
 
 
-def churn(p: Proxy, cluster: Cluster, n: int, generation: int) -> float:
+def churn(p: Proxy, cluster: Cluster, n: int) -> float:
     """Seconds from the first write of 1% of the slices until all are programmed."""
     chosen = random.sample(range(n), max(1, n // 100))
     settle()
     c0 = histogram(p, p.metrics(), NPL)[0]
-    t0 = objects.change_endpoints(cluster, chosen, M, generation)
+    t0 = objects.change_endpoints(cluster, chosen, M, next(GENERATIONS))
     after = wait(p, lambda t: histogram(p, t, NPL)[0] >= c0 + len(chosen), CAP, "1% churn")
     return p.value(after, LAST) - t0
 
@@ -135,12 +140,12 @@ def measure(p: Proxy, cluster: Cluster, n: int, repeats: int) -> dict[str, Any]:
     try:
         row["cold_start_s"] = cold_start(p, n)
         progress(f"  {p.name}: cold start {row['cold_start_s']:.2f}s")
-        changes = [one_change(p, cluster, n, g) for g in range(1, repeats + 1)]
+        changes = [one_change(p, cluster, n) for _ in range(repeats)]
         row["change_latency_p50_s"] = statistics.median(c[0] for c in changes)
         row["change_sync_p50_s"] = statistics.median(c[1] for c in changes)
         progress(f"  {p.name}: one change {row['change_latency_p50_s'] * 1000:.0f} ms "
                  f"(sync {row['change_sync_p50_s'] * 1000:.1f} ms)")  # fmt: skip
-        row["churn_1pct_s"] = churn(p, cluster, n, repeats + 1)
+        row["churn_1pct_s"] = churn(p, cluster, n)
         progress(f"  {p.name}: 1% churn {row['churn_1pct_s']:.2f}s")
         row["idle_resync_s"] = idle_resync(p)
         row["rss_mb"] = p.rss_mb()

@@ -263,29 +263,62 @@ def partial(before: list[dict], after: list[dict], changed: set[NamespacedName])
     return partial_text(programmed, updates)
 
 
+def nat_lines(text: str) -> list[str]:
+    return text.split("*nat\n", 1)[1].splitlines()
+
+
 def test_partial_sync_writes_only_the_changed_service() -> None:
     text = partial(
         repeated_objects(), repeated_objects(with_svc3=True), {NamespacedName("ns3", "svc3")}
     )
-    nat = text.split("*nat\n", 1)[1]
-    # Upstream's expectation for this step names svc3's chains and no others.
-    assert ":KUBE-SVC-X27LE4BHSL4DOUIK - [0:0]" in nat
-    assert ":KUBE-SEP-BSWRHOQ77KEXZLNL - [0:0]" in nat
-    assert "XPGD46QRK7WJZT7O -m" not in nat.replace("-j KUBE-SVC-XPGD46QRK7WJZT7O", "")
-    assert "2VJB64SDSIJUP5T6" not in nat
-    # KUBE-SERVICES is changed by inserting one line, not redeclared (which would flush it).
-    assert ":KUBE-SERVICES" not in nat
-    assert (
+    nat = nat_lines(text)
+    # Upstream's expectation for this step names svc3's chains and no others; new chains
+    # are created (-N), KUBE-SERVICES gets one line inserted, not redeclared (a flush).
+    assert nat == [
+        "-N KUBE-SVC-X27LE4BHSL4DOUIK",
+        "-N KUBE-SEP-BSWRHOQ77KEXZLNL",
         '-I KUBE-SERVICES 1 -m comment --comment "ns3/svc3:p80 cluster IP" -m tcp -p tcp '
-        "-d 172.30.0.43 --dport 80 -j KUBE-SVC-X27LE4BHSL4DOUIK"
-    ) in nat
-    assert "*filter\nCOMMIT" in text  # nothing changed in the filter table
+        "-d 172.30.0.43 --dport 80 -j KUBE-SVC-X27LE4BHSL4DOUIK",
+        '-A KUBE-SVC-X27LE4BHSL4DOUIK -m comment --comment "ns3/svc3:p80 cluster IP" -m tcp '
+        "-p tcp -d 172.30.0.43 --dport 80 ! -s 10.0.0.0/8 -j KUBE-MARK-MASQ",
+        '-A KUBE-SVC-X27LE4BHSL4DOUIK -m comment --comment "ns3/svc3:p80 -> 10.0.3.1:80" '
+        "-j KUBE-SEP-BSWRHOQ77KEXZLNL",
+        "-A KUBE-SEP-BSWRHOQ77KEXZLNL -m comment --comment ns3/svc3:p80 -s 10.0.3.1 "
+        "-j KUBE-MARK-MASQ",
+        "-A KUBE-SEP-BSWRHOQ77KEXZLNL -m comment --comment ns3/svc3:p80 -m tcp -p tcp "
+        "-j DNAT --to-destination 10.0.3.1:80",
+        "COMMIT",
+    ]
+    assert text.startswith("*filter\nCOMMIT\n")  # nothing changed in the filter table
+
+
+def test_partial_sync_flushes_the_chains_an_endpoint_change_rewrites() -> None:
+    before = repeated_objects()
+    after = [
+        o
+        if o["metadata"]["name"] != "svc1-1"
+        else endpoint_slice("ns1", "svc1", "svc1-1", [endpoint("10.0.1.2")], [port("p80", 80)])
+        for o in before
+    ]
+    nat = nat_lines(partial(before, after, {NamespacedName("ns1", "svc1")}))
+    kept_svc = "KUBE-SVC-XPGD46QRK7WJZT7O"
+    old_sep = "KUBE-SEP-SNQ3ZNILQDEJNDQO"
+    new_sep = next(ln.split()[1] for ln in nat if ln.startswith("-N KUBE-SEP-"))
+    assert new_sep != old_sep
+    # The service chain exists: flushed and refilled. The new endpoint's chain is created,
+    # the old one flushed and, once nothing jumps to it, deleted.
+    assert nat[:3] == [f"-F {kept_svc}", f"-N {new_sep}", f"-F {old_sep}"]
+    assert nat[-2:] == [f"-X {old_sep}", "COMMIT"]
+    assert f"-N {kept_svc}" not in nat
+    assert not [ln for ln in nat if ln.startswith(("-I ", "-D "))]  # KUBE-SERVICES untouched
 
 
 def test_partial_sync_deletes_a_removed_services_chains() -> None:
     objs = [o for o in repeated_objects() if o["metadata"]["name"] not in ("svc2", "svc2-1")]
-    nat = partial(repeated_objects(), objs, {NamespacedName("ns2", "svc2")}).split("*nat\n", 1)[1]
-    # Upstream deletes exactly svc2's chains (-X after flushing them).
-    assert "-X KUBE-SVC-2VJB64SDSIJUP5T6" in nat
-    assert "-X KUBE-SEP-UHEGFW77JX3KXTOV" in nat
-    assert nat.index("-D KUBE-SERVICES") < nat.index("-X KUBE-SVC-2VJB64SDSIJUP5T6")
+    nat = nat_lines(partial(repeated_objects(), objs, {NamespacedName("ns2", "svc2")}))
+    # Upstream deletes exactly svc2's chains, flushed first, after the jump to them is gone.
+    assert nat[:2] == ["-F KUBE-SVC-2VJB64SDSIJUP5T6", "-F KUBE-SEP-UHEGFW77JX3KXTOV"]
+    assert nat[-3:] == ["-X KUBE-SVC-2VJB64SDSIJUP5T6", "-X KUBE-SEP-UHEGFW77JX3KXTOV", "COMMIT"]
+    deletes = [i for i, ln in enumerate(nat) if ln.startswith("-D KUBE-SERVICES ")]
+    assert len(deletes) == 1 and deletes[0] < nat.index("-X KUBE-SVC-2VJB64SDSIJUP5T6")
+    assert nat[deletes[0]].endswith(" -j KUBE-SVC-2VJB64SDSIJUP5T6")

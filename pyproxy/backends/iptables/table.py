@@ -245,7 +245,14 @@ def render(state: ProxyState, cfg: IptablesConfig) -> Rendered:
 def partial_text(programmed: Rendered, updates: Updates) -> str:
     """iptables-restore input moving the kernel from ``programmed`` to it plus ``updates``:
     the changed services' own chains, rewritten or deleted, and their lines in the top-level
-    chains deleted and inserted. Empty when there is nothing to write."""
+    chains deleted and inserted. Empty when there is nothing to write.
+
+    Chains are emptied with ``-F`` and created with ``-N`` rather than declared
+    (``:CHAIN - [0:0]``): iptables-nft-restore answers a declaration by reading every chain
+    of the table from the kernel, so a partial sync built on declarations costs what the
+    cluster has (170 ms at 50,000 chains on this machine), one built on ``-F``/``-N`` what
+    changed (28 ms; ``tests/bench/kernel_load.py``). It relies on ``programmed`` being what
+    the kernel holds; when it is not, the restore fails and the next sync is a full one."""
     filter_cmds: list[str] = []
     nat_cmds: list[str] = []
     decls: list[str] = []
@@ -259,11 +266,11 @@ def partial_text(programmed: Rendered, updates: Updates) -> str:
         filter_cmds += _top_delta(old_r.top_filter, new_r.top_filter)
         nat_cmds += _top_delta(old_r.top_nat, new_r.top_nat)
         for chain, lines in new_r.chains.items():
-            decls.append(f":{chain} - [0:0]")
+            decls.append(f"-F {chain}" if chain in old_r.chains else f"-N {chain}")
             own_rules += lines
         for chain in old_r.chains:
             if chain not in new_r.chains:
-                decls.append(f":{chain} - [0:0]")
+                decls.append(f"-F {chain}")
                 deletes.append(f"-X {chain}")
     if not (filter_cmds or nat_cmds or decls):
         return ""
