@@ -94,7 +94,11 @@ class Ipvs:
 
     def dests(self, key: VSKey) -> dict[DestKey, Dest]:
         out: dict[DestKey, Dest] = {}
-        for msg in self.sock.dest("dump", service=_svc(key)):
+        try:
+            msgs = list(self.sock.dest("dump", service=_svc(key)))
+        except NetlinkError as err:
+            raise IpvsError(f"list real servers of {key}: {err}") from None
+        for msg in msgs:
             d = IPVSDest.from_message(msg)
             out[(str(d["addr"]), int(d["port"]))] = Dest(
                 int(d.get("weight", 0)),

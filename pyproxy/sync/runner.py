@@ -1,7 +1,8 @@
 """Bounded-frequency runner: decides *when* a sync runs, never what it does.
 
-Guarantees, as upstream's BoundedFrequencyRunner: at most one run per ``min_interval``
-(requests in between coalesce into one), at least one run per ``max_interval``, and after a
+Guarantees, as upstream's BoundedFrequencyRunner: ``min_interval`` between the end of one run
+and the start of the next (requests in between coalesce into one), a run at least
+``max_interval`` after the previous one ended, and after a
 failed run a retry with exponential backoff (``retry_min`` doubling up to ``max_interval``).
 A failing function is logged and retried; it never ends the loop. A function that returns
 False did nothing (the state is not complete yet): that run does not start the
@@ -92,11 +93,12 @@ class BoundedFrequencyRunner:
             self._wanted_at = None
             previous, self._last_run = self._last_run, now
         try:
-            if self._fn() is False:
-                with self._cond:
-                    self._last_run = previous
+            did = self._fn() is not False
+            with self._cond:  # the intervals count from the run's end, as upstream's
+                self._last_run = self._clock() if did else previous
         except Exception as err:  # a sync failure must never end the loop
             with self._cond:
+                self._last_run = self._clock()
                 self.failures += 1
                 self._retry_delay = min(
                     self.max_interval,

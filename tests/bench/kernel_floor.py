@@ -15,13 +15,15 @@ from tests.bench.objects import endpoint_slice, service
 from tests.netns.world import PYPROXY, sh
 
 
-def restore_plainly(text: str) -> float:
+def restore_plainly(text: str, mode: str = "iptables") -> float:
     ns = "ppbench-floor"
+    sh("ip", "netns", "del", ns, check=False)  # left by an interrupted run
     sh("ip", "netns", "add", ns)
+    loader = ["nft", "-f", "-"] if mode == "nftables" else ["iptables-nft-restore"]
     try:
         t0 = time.monotonic()
         subprocess.run(
-            ["ip", "netns", "exec", ns, "iptables-nft-restore"],
+            ["ip", "netns", "exec", ns, *loader],
             input=text, text=True, check=True, capture_output=True,
         )  # fmt: skip
         return time.monotonic() - t0
@@ -29,8 +31,13 @@ def restore_plainly(text: str) -> float:
         sh("ip", "netns", "del", ns, check=False)
 
 
-def floor_of_namespace(ns: str) -> float:
-    """The floor for the filter and nat rules a proxy programmed in namespace ``ns``."""
+def floor_of_namespace(ns: str, mode: str = "iptables") -> float:
+    """The floor for the rules a proxy programmed in namespace ``ns``: its filter and nat
+    tables, or (nftables mode) its ``ip kube-proxy`` table, loaded in one ``nft -f``."""
+    if mode == "nftables":
+        table = sh("ip", "netns", "exec", ns, "nft", "list", "table", "ip", "kube-proxy",
+                   timeout=300).stdout  # fmt: skip
+        return restore_plainly(table, mode)
     text = "".join(
         sh("ip", "netns", "exec", ns, "iptables-nft-save", "-t", table, timeout=300).stdout
         for table in ("filter", "nat")

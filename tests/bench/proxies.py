@@ -35,7 +35,7 @@ class Proxy:
     log: Path = field(init=False)
 
     def __post_init__(self) -> None:
-        self.ns = f"ppbench-{self.name}"
+        self.ns = f"ppbench-{self.name}-{self.mode}"
         self.log = self.workdir / f"{self.name}-{self.mode}.log"
 
     def command(self, config: Path) -> list[str]:
@@ -50,6 +50,7 @@ class Proxy:
                 "--conntrack-tcp-timeout-close-wait=0", "--v=1"]  # fmt: skip
 
     def start(self) -> None:
+        sh("ip", "netns", "del", self.ns, check=False)  # left by an interrupted run
         sh("ip", "netns", "add", self.ns)
         sh("ip", "-n", self.ns, "link", "set", "lo", "up")
         self.relay = Relay(self.ns, 6443, ("127.0.0.1", self.cluster.api_port))
@@ -104,6 +105,13 @@ class Proxy:
 
     def kernel_services(self) -> int:
         """Service addresses the kernel of the proxy's namespace dispatches (not timed)."""
+        if self.mode == "nftables":
+            res = subprocess.run(
+                ["ip", "netns", "exec", self.ns, "nft", "list", "map", "ip", "kube-proxy",
+                 "service-ips"],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            return res.stdout.count(" : goto service-")
         res = subprocess.run(
             ["ip", "netns", "exec", self.ns, "iptables-nft-save", "-t", "nat"],
             capture_output=True, text=True, check=True,

@@ -157,7 +157,7 @@ def measure(p: Proxy, cluster: Cluster, n: int, repeats: int) -> dict[str, Any]:
     return row
 
 
-def run(sizes: list[int], out: Path, repeats: int) -> list[dict[str, Any]]:
+def run(sizes: list[int], modes: list[str], out: Path, repeats: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     work = Path(tempfile.mkdtemp(prefix="pyproxy-bench-"))
     cluster = Cluster(work / "control-plane").start()
@@ -179,16 +179,17 @@ def run(sizes: list[int], out: Path, repeats: int) -> list[dict[str, Any]]:
             progress(f"N = {n}: creating services up to {n} ...")
             objects.grow(cluster, have, n, M, progress)
             have = n
-            for name in ("kube-proxy", "pyproxy"):
-                p = Proxy(name, "iptables", cluster, work)
-                progress(f"N = {n}: {name} (iptables mode)")
-                try:
-                    rows.append(measure(p, cluster, n, repeats))
-                    if name == "pyproxy" and "cold_start_s" in rows[-1]:
-                        rows[-1]["kernel_floor_s"] = floor_of_namespace(p.ns)
-                        progress(f"  kernel floor {rows[-1]['kernel_floor_s']:.2f}s")
-                finally:
-                    p.stop()
+            for mode in modes:
+                for name in ("kube-proxy", "pyproxy"):
+                    p = Proxy(name, mode, cluster, work)
+                    progress(f"N = {n}: {name} ({mode} mode)")
+                    try:
+                        rows.append(measure(p, cluster, n, repeats))
+                        if name == "pyproxy" and "cold_start_s" in rows[-1]:
+                            rows[-1]["kernel_floor_s"] = floor_of_namespace(p.ns, mode)
+                            progress(f"  kernel floor {rows[-1]['kernel_floor_s']:.2f}s")
+                    finally:
+                        p.stop()
             report.write(rows, out)
     finally:
         cluster.stop()
@@ -201,6 +202,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="N = 200, for CI: fails only on a crash")
     ap.add_argument("--sizes", default="1000,5000,10000")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--modes", default="iptables,nftables")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -214,7 +216,7 @@ def main() -> int:
     sizes = [200] if args.quick else [int(s) for s in args.sizes.split(",")]
     out = Path(args.out) / ("quick" if args.quick else "")
     out.mkdir(parents=True, exist_ok=True)
-    rows = run(sizes, out, 3 if args.quick else args.repeats)
+    rows = run(sizes, args.modes.split(","), out, 3 if args.quick else args.repeats)
     if not args.quick:
         render_row = render_beside_floor(2000, M)
         progress(f"pyproxy render at 2,000 x {M}: {render_row['render_s']:.2f}s, "

@@ -6,7 +6,8 @@ import ipaddress
 from dataclasses import replace
 
 from pyproxy.backends.ipvs.diff import CurrentDest, CurrentService, plan
-from pyproxy.backends.ipvs.render import Desired, IpvsConfig, VirtualServer, render
+from pyproxy.backends.ipvs.render import Desired, IpvsConfig, VirtualServer
+from pyproxy.backends.ipvs.table import render
 from tests.helpers import endpoint, endpoint_slice, port, service, tracker_with
 
 TCP, UDP = 6, 17

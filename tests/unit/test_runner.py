@@ -113,3 +113,26 @@ def test_a_run_asked_for_later_happens_then_and_not_before() -> None:
     clock.t += 0.2
     r.tick()
     assert len(calls) == 2
+
+
+def test_intervals_count_from_the_end_of_a_run() -> None:
+    """As upstream: a 5 s sync followed by a request waits min_interval after it ended, and
+    the periodic run comes max_interval after the end too."""
+    clock = Clock()
+    calls: list[float] = []
+
+    def slow() -> None:
+        calls.append(clock.t)
+        clock.t += 5.0  # the sync takes 5 s
+
+    r = BoundedFrequencyRunner(slow, 1.0, 30.0, clock=clock)
+    r.tick()  # runs 1000 .. 1005
+    r.run()
+    assert r.next_due() == 1006.0
+    clock.t = 1005.5
+    r.tick()
+    assert calls == [1000.0]  # not yet: 0.5 s after the end
+    clock.t = 1006.0
+    r.tick()  # runs 1006 .. 1011
+    assert calls == [1000.0, 1006.0]
+    assert r.next_due() == 1041.0

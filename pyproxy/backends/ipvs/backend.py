@@ -1,19 +1,25 @@
-"""The IPVS backend: renders with ``render``, diffs with ``diff``, applies through
+"""The IPVS backend: renders per service with ``table``, diffs with ``diff``, applies through
 ``pyproxy.kernel`` (pyroute2 for IPVS, ipsets and kube-ipvs0; iptables-restore for the few
-rules). Every sync is incremental by nature: only the differences from the kernel's current
-state are written, and nothing is flushed at start-up, so a restart keeps traffic flowing.
+rules). Nothing is flushed at start-up, so a restart keeps traffic flowing.
+
+A full sync (at start, after an error, when the node's facts change, hourly) reads the
+kernel's virtual servers, ipsets and addresses and writes every difference. Between full
+syncs pyproxy keeps its view of what it wrote: a partial sync renders the changed services
+only, and reads from the kernel only the real servers of the virtual servers it touches or
+that are draining, so its cost follows the change, not the cluster. Any error drops the view
+and the next sync reads the kernel again.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry, Gauge
 
 from pyproxy.backends.base import Backend, BackendError, BackendUnavailable, SyncRequest, SyncResult
-from pyproxy.backends.ipvs.diff import CurrentDest, CurrentService, Plan, plan
+from pyproxy.backends.ipvs.diff import CurrentDest, CurrentService, Plan, plan, plan_partial
 from pyproxy.backends.ipvs.render import (
     DUMMY,
     FILTER_CHAINS,
@@ -22,10 +28,11 @@ from pyproxy.backends.ipvs.render import (
     SCHEDULERS,
     Desired,
     IpvsConfig,
+    VSKey,
     family_sets,
-    render,
     set_name,
 )
+from pyproxy.backends.ipvs.table import Delta, Table, render
 from pyproxy.backends.metrics import FAMILY, RestoreFailures
 from pyproxy.backends.stale_conntrack import stale_filters
 from pyproxy.backends.xtables.rules import KUBE_MARK_MASQ
@@ -34,7 +41,7 @@ from pyproxy.config.settings import ProxyConfig
 from pyproxy.kernel import addresses, conntrack, sysctl
 from pyproxy.kernel import ipvs as kipvs
 from pyproxy.kernel.iptables import Iptables, IptablesError
-from pyproxy.model.types import IPAddress, IPFamily, ProxyState
+from pyproxy.model.types import IPFamily, ProxyState
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +74,25 @@ class IpvsMetrics:
         )
 
 
+@dataclass
+class _View:
+    """What pyproxy wrote into IPVS since the last full sync, trusted until an error."""
+
+    services: dict[VSKey, kipvs.Service]
+    """Virtual servers with the scheduler and persistence written."""
+    draining: set[VSKey]
+    """Virtual servers with real servers at weight 0 waiting for their connections to end."""
+
+
+def _current_of(ipvs: kipvs.Ipvs, key: VSKey, spec: kipvs.Service) -> CurrentService:
+    dests = {d: CurrentDest(x.weight, x.active, x.inactive) for d, x in ipvs.dests(key).items()}
+    return CurrentService(spec.scheduler, spec.timeout, dests)
+
+
+def _family_of(key: VSKey) -> IPFamily:
+    return IPFamily.IPV6 if ":" in key[1] else IPFamily.IPV4
+
+
 class IpvsBackend(Backend):
     mode = "ipvs"
 
@@ -79,6 +105,8 @@ class IpvsBackend(Backend):
         self.configs = {f: IpvsConfig(family=f, proxy=cfg) for f in FAMILIES}
         self._ipt: dict[IPFamily, Iptables] | None = None
         self._last_state: ProxyState | None = None
+        self._tables: dict[IPFamily, Table] | None = None
+        self._view: _View | None = None
         self._jumps_done = False
         self.metrics: IpvsMetrics | None = None
 
@@ -133,98 +161,146 @@ class IpvsBackend(Backend):
 
     # ---- sync -------------------------------------------------------------------------------
 
-    def _desired(
-        self, state: ProxyState, families: list[IPFamily], local: tuple[IPAddress, ...]
-    ) -> dict[IPFamily, Desired]:
-        """Render every family, with this host's addresses (less kube-ipvs0's) as node facts."""
-        state = replace(state, node=state.node.with_local_addresses(local))
-        return {f: render(state, self.configs[f]) for f in families}
-
     def sync(self, request: SyncRequest) -> SyncResult:
-        tables = self._setup()
+        ipt = self._setup()
         t0 = time.monotonic()
         local = tuple(addresses.local_addresses(exclude_links=(DUMMY,)))
-        per_family = self._desired(request.state, list(tables), local)
-        merged = Desired(ipsets={})
-        for d in per_family.values():
-            merged.services.update(d.services)
-            merged.addresses |= d.addresses
-            merged.ipsets.update(d.ipsets)
-        t1 = time.monotonic()
-        types = {n: t for f in tables for n, t in family_sets(f).items()}
-        sets = kipvs.IpSets()
+        state = replace(request.state, node=request.state.node.with_local_addresses(local))
+        tables = self._tables
+        full = (
+            request.full
+            or self._view is None
+            or tables is None
+            or not all(t.fits(state) for t in tables.values())
+        )
         try:
-            for name, stype in types.items():  # the rules reference them: create them first
-                sets.ensure(name, stype, kipvs.socket_family(name.startswith("KUBE-6-")))
-            for family, ipt in tables.items():
-                self._apply_iptables(family, ipt, per_family[family], full=request.full)
-            self._jumps_done = True
-            self._apply_ipvs(sets, merged, types, {str(ip) for ip in local})
+            if full or tables is None:
+                tables = {f: Table.build(state, self.configs[f]) for f in ipt}
+                self._tables, self._view = tables, None
+                t1 = time.monotonic()
+                self._full(ipt, tables, {str(ip) for ip in local})
+            else:
+                deltas = [t.update(state, request.changed) for t in tables.values()]
+                t1 = time.monotonic()
+                self._partial(tables, deltas)
         except kipvs.IpvsError as err:
+            self._view = None  # the kernel is not what was written: read it again
             raise BackendError(str(err)) from None
-        finally:
-            sets.close()
         for family in tables:
-            filters = stale_filters(self._last_state, request.state, family)
+            changed = None if full else request.changed
+            filters = stale_filters(self._last_state, request.state, family, changed)
             if filters:
                 n = conntrack.delete(filters, ipv6=family is IPFamily.IPV6)
                 log.info("cleared %d stale UDP conntrack entries (%s)", n, family.value)
         self._last_state = request.state
         if self.metrics is not None:
-            for family, d in per_family.items():
-                self.metrics.virtual_servers.labels(family.value).set(len(d.services))
-                reals = sum(len(vs.dests) for vs in d.services.values())
-                self.metrics.real_servers.labels(family.value).set(reals)
+            for family, t in tables.items():
+                self.metrics.virtual_servers.labels(family.value).set(len(t.owners))
+                self.metrics.real_servers.labels(family.value).set(t.real_servers)
         return SyncResult(
-            full=request.full,
+            full=full,
             families=tuple(tables),
             render_seconds=t1 - t0,
             apply_seconds=time.monotonic() - t1,
             no_local_endpoints={
-                (k, f): v for f, d in per_family.items() for k, v in d.no_local.items()
+                (k, f): v for f, t in tables.items() for k, v in t.no_local.items()
             },
         )
 
-    def _apply_ipvs(
-        self, sets: kipvs.IpSets, merged: Desired, types: dict[str, str], node_ips: set[str]
+    def _full(
+        self, ipt: dict[IPFamily, Iptables], tables: dict[IPFamily, Table], node_ips: set[str]
     ) -> None:
-        """ipset members, then kube-ipvs0's new addresses, virtual and real servers, and the
-        addresses no longer wanted."""
-        current_addrs = kipvs.dummy_addresses(DUMMY) or set()
+        """Read the kernel, write every difference, and start trusting the view."""
+        per_family = {f: t.desired() for f, t in tables.items()}
+        merged = Desired(ipsets={})
+        for d in per_family.values():
+            merged.services.update(d.services)
+            merged.addresses |= d.addresses
+            merged.ipsets.update(d.ipsets)
+        types = self._set_types()
+        sets = kipvs.IpSets()
+        try:
+            for name, stype in types.items():  # the rules reference them: create them first
+                sets.ensure(name, stype, kipvs.socket_family(name.startswith("KUBE-6-")))
+            for family, table in ipt.items():
+                self._apply_iptables(family, table, per_family[family].iptables, full=True)
+            self._jumps_done = True
+            current_addrs = kipvs.dummy_addresses(DUMMY) or set()
+            ipvs = kipvs.Ipvs()
+            try:
+                members = {name: sets.members(name, stype) for name, stype in types.items()}
+                current = self._current(ipvs)
+                p = plan(merged, current, current_addrs, current_addrs | node_ips, members)
+                self._write(ipvs, sets, types, p)
+            finally:
+                ipvs.close()
+        finally:
+            sets.close()
+        self._view = _View(
+            {k: kipvs.Service(vs.scheduler, vs.timeout) for k, vs in merged.services.items()},
+            {key for key, _ in p.draining},
+        )
+
+    def _partial(self, tables: dict[IPFamily, Table], deltas: list[Delta]) -> None:
+        """Write what the tables say changed, against the view kept since the last full sync;
+        read from the kernel only the changed and the draining virtual servers' real servers
+        (their connection counts decide when a draining one goes)."""
+        view = self._view
+        assert view is not None
+        delta = Delta()
+        for d in deltas:
+            delta.services |= d.services
+            delta.add_addresses |= d.add_addresses
+            delta.delete_addresses |= d.delete_addresses
+            for name, entries in d.ipset_add.items():
+                delta.ipset_add.setdefault(name, set()).update(entries)
+            for name, entries in d.ipset_delete.items():
+                delta.ipset_delete.setdefault(name, set()).update(entries)
+        keys = delta.services | view.draining
+        if not keys and delta.empty():
+            return
+        wanted = {k: tables[_family_of(k)].virtual_server(k) for k in keys}
+        types = self._set_types()
+        sets = kipvs.IpSets()
         ipvs = kipvs.Ipvs()
         try:
-            members = {name: sets.members(name, stype) for name, stype in types.items()}
-            p = plan(merged, self._current(ipvs), current_addrs, current_addrs | node_ips, members)
-            for name, stype in types.items():
-                for entry in sorted(p.ipset_add.get(name, ()), key=str):
-                    sets.add(name, stype, entry)
-                for entry in sorted(p.ipset_delete.get(name, ()), key=str):
-                    sets.delete(name, stype, entry)
-            kipvs.set_addresses(DUMMY, sorted(p.add_addresses), ())
-            self._apply_plan(ipvs, p)
-            kipvs.set_addresses(DUMMY, (), sorted(p.delete_addresses))
+            current = {
+                k: _current_of(ipvs, k, view.services[k]) for k in keys if k in view.services
+            }
+            p = plan_partial(wanted, current, delta)
+            self._write(ipvs, sets, types, p)
         finally:
             ipvs.close()
+            sets.close()
+        for key, sched, timeout in (*p.add_services, *p.update_services):
+            view.services[key] = kipvs.Service(sched, timeout)
+        for key in p.delete_services:
+            view.services.pop(key, None)
+        view.draining = {key for key, _ in p.draining}
+
+    @staticmethod
+    def _set_types() -> dict[str, str]:
+        return {n: t for f in FAMILIES for n, t in family_sets(f).items()}
+
+    def _write(self, ipvs: kipvs.Ipvs, sets: kipvs.IpSets, types: dict[str, str], p: Plan) -> None:
+        """ipset members, then kube-ipvs0's new addresses, virtual and real servers, and the
+        addresses no longer wanted."""
+        for name, stype in types.items():
+            for entry in sorted(p.ipset_add.get(name, ()), key=str):
+                sets.add(name, stype, entry)
+            for entry in sorted(p.ipset_delete.get(name, ()), key=str):
+                sets.delete(name, stype, entry)
+        kipvs.set_addresses(DUMMY, sorted(p.add_addresses), ())
+        self._apply_plan(ipvs, p)
+        kipvs.set_addresses(DUMMY, (), sorted(p.delete_addresses))
 
     @staticmethod
     def _current(ipvs: kipvs.Ipvs) -> dict[kipvs.VSKey, CurrentService]:
-        return {
-            key: CurrentService(
-                spec.scheduler,
-                spec.timeout,
-                {
-                    d: CurrentDest(x.weight, x.active, x.inactive)
-                    for d, x in ipvs.dests(key).items()
-                },
-            )
-            for key, spec in ipvs.services().items()
-        }
+        return {key: _current_of(ipvs, key, spec) for key, spec in ipvs.services().items()}
 
-    def _apply_iptables(
-        self, family: IPFamily, ipt: Iptables, desired: Desired, full: bool
-    ) -> None:
+    def _apply_iptables(self, family: IPFamily, ipt: Iptables, text: str, full: bool) -> None:
         try:
-            ipt.restore(desired.iptables)  # declares every chain the jumps point to
+            ipt.restore(text)  # declares every chain the jumps point to
         except IptablesError as err:
             if self.metrics is not None:
                 self.metrics.restore_failures.failed(family)

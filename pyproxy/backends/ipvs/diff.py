@@ -10,9 +10,11 @@ flows). A real server that comes back while draining gets its weight back.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pyproxy.backends.ipvs.render import Desired, DestKey, Entry, VSKey
+from pyproxy.backends.ipvs.render import Desired, DestKey, Entry, VirtualServer, VSKey
+from pyproxy.backends.ipvs.table import Delta
 
 UDP = 17
 
@@ -67,31 +69,11 @@ def plan(
     ours: set[str],
     sets: dict[str, set[Entry]],
 ) -> Plan:
-    """``ours``: addresses whose virtual servers pyproxy owns (kube-ipvs0's and node IPs)."""
+    """Everything against everything (a full sync). ``ours``: addresses whose virtual
+    servers pyproxy owns (kube-ipvs0's and node IPs); others' are left alone."""
     p = Plan()
     for key, vs in desired.services.items():
-        cur = current.get(key)
-        if cur is None:
-            p.add_services.append((key, vs.scheduler, vs.timeout))
-            p.set_dests += [(key, d, w, True) for d, w in sorted(vs.dests.items())]
-            continue
-        if (cur.scheduler, cur.timeout) != (vs.scheduler, vs.timeout):
-            p.update_services.append((key, vs.scheduler, vs.timeout))
-        for dest, weight in sorted(vs.dests.items()):
-            have = cur.dests.get(dest)
-            if have is None:
-                p.set_dests.append((key, dest, weight, True))
-            elif have.weight != weight:
-                p.set_dests.append((key, dest, weight, False))
-        for dest, have in sorted(cur.dests.items()):
-            if dest in vs.dests:
-                continue
-            if key[0] == UDP or have.active + have.inactive == 0:
-                p.delete_dests.append((key, dest))
-            else:
-                if have.weight != 0:
-                    p.set_dests.append((key, dest, 0, False))
-                p.draining.append((key, dest))
+        _plan_service(p, key, vs, current.get(key))
     for key in sorted(current):
         if key not in desired.services and key[1] in ours:
             p.delete_services.append(key)
@@ -103,3 +85,49 @@ def plan(
         p.ipset_add[name] = want - present
         p.ipset_delete[name] = present - want
     return p
+
+
+def plan_partial(
+    wanted: Mapping[VSKey, VirtualServer | None],
+    current: Mapping[VSKey, CurrentService],
+    delta: Delta,
+) -> Plan:
+    """Only what a partial sync touches: the virtual servers in ``wanted`` (None: no longer
+    wanted) against their ``current`` kernel state (absent: not in the kernel), and the
+    addresses and ipset entries the table says came or went."""
+    p = Plan()
+    for key in sorted(wanted):
+        vs, cur = wanted[key], current.get(key)
+        if vs is not None:
+            _plan_service(p, key, vs, cur)
+        elif cur is not None:
+            p.delete_services.append(key)
+    p.add_addresses = set(delta.add_addresses)
+    p.delete_addresses = set(delta.delete_addresses)
+    p.ipset_add = {n: set(v) for n, v in delta.ipset_add.items() if v}
+    p.ipset_delete = {n: set(v) for n, v in delta.ipset_delete.items() if v}
+    return p
+
+
+def _plan_service(p: Plan, key: VSKey, vs: VirtualServer, cur: CurrentService | None) -> None:
+    if cur is None:
+        p.add_services.append((key, vs.scheduler, vs.timeout))
+        p.set_dests += [(key, d, w, True) for d, w in sorted(vs.dests.items())]
+        return
+    if (cur.scheduler, cur.timeout) != (vs.scheduler, vs.timeout):
+        p.update_services.append((key, vs.scheduler, vs.timeout))
+    for dest, weight in sorted(vs.dests.items()):
+        have = cur.dests.get(dest)
+        if have is None:
+            p.set_dests.append((key, dest, weight, True))
+        elif have.weight != weight:
+            p.set_dests.append((key, dest, weight, False))
+    for dest, have in sorted(cur.dests.items()):
+        if dest in vs.dests:
+            continue
+        if key[0] == UDP or have.active + have.inactive == 0:
+            p.delete_dests.append((key, dest))
+        else:
+            if have.weight != 0:
+                p.set_dests.append((key, dest, 0, False))
+            p.draining.append((key, dest))

@@ -174,29 +174,38 @@ def _dests(eps: Iterable[Endpoint]) -> dict[DestKey, int]:
     return {(str(e.ip), e.port): 1 for e in eps}
 
 
-def render(state: ProxyState, cfg: IpvsConfig) -> Desired:
-    d = Desired()
-    node_ips = nodeport_ips(state.node, cfg)
-    for svc in state.sorted_services(cfg.family):
-        _render_service(d, svc, state, cfg, node_ips)
-        for ep in state.endpoints_for(svc.name, cfg.family):
-            if ep.ready or (ep.serving and ep.terminating):
-                d.ipsets["KUBE-LOOP-BACK"].add(
-                    (str(ep.ip), f"{svc.protocol.value.lower()}:{ep.port}", str(ep.ip))
-                )
-    d.ipsets = {set_name(n, cfg.family): v for n, v in d.ipsets.items()}
-    local = cfg.proxy.local_cidrs(state.node, cfg.family)
-    d.iptables = re.sub(
+def iptables_text(node: NodeInfo, cfg: IpvsConfig) -> str:
+    """The few iptables rules of IPVS mode; they depend on the node, never on a service."""
+    local = cfg.proxy.local_cidrs(node, cfg.family)
+    return re.sub(
         r"--match-set (KUBE-[A-Z0-9-]+)",
         lambda m: "--match-set " + set_name(m.group(1), cfg.family),
         restore_text(
             [("filter", FILTER_CHAINS, _filter(cfg)), ("nat", NAT_CHAINS, _nat(cfg, local))]
         ),
     )
+
+
+def render_service(
+    ports: Iterable[ServicePort],
+    state: ProxyState,
+    cfg: IpvsConfig,
+    node_ips: tuple[IPAddress, ...],
+) -> Desired:
+    """One service's virtual servers, addresses and ipset entries (family set names)."""
+    d = Desired()
+    for svc in ports:
+        _render_port(d, svc, state, cfg, node_ips)
+        for ep in state.endpoints_for(svc.name, cfg.family):
+            if ep.ready or (ep.serving and ep.terminating):
+                d.ipsets["KUBE-LOOP-BACK"].add(
+                    (str(ep.ip), f"{svc.protocol.value.lower()}:{ep.port}", str(ep.ip))
+                )
+    d.ipsets = {set_name(n, cfg.family): v for n, v in d.ipsets.items() if v}
     return d
 
 
-def _render_service(
+def _render_port(
     d: Desired,
     svc: ServicePort,
     state: ProxyState,
