@@ -20,6 +20,7 @@ import yaml
 from pyproxy import __version__
 from pyproxy.backends import registry
 from pyproxy.backends.base import BackendError, BackendUnavailable
+from pyproxy.cli import memory
 from pyproxy.cli.logs import setup_logging
 from pyproxy.config.load import BY_NAME, ConfigError, default_document, load, node_name
 from pyproxy.config.settings import (
@@ -232,6 +233,7 @@ def version() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    memory.tune_gc()
     try:
         cli.main(args=argv, prog_name="pyproxy", standalone_mode=False)
     except click.exceptions.NoSuchOption as err:

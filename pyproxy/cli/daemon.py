@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from pyproxy.backends import registry
 from pyproxy.backends.base import Backend
+from pyproxy.cli import memory
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.events import Event
 from pyproxy.model.types import IPFamily
@@ -80,6 +81,8 @@ class Daemon:
         for kind, n in self.tracker.skipped.items():
             self.metrics.skipped.labels(kind).set(n)
         if rec.ok and rec.state is not None:
+            if rec.full:
+                memory.freeze()
             if rec.result is not None:
                 self._families = rec.result.families
                 if rec.result.sync_again_in is not None:

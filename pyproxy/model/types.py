@@ -149,6 +149,12 @@ class Endpoint:
     def __str__(self) -> str:
         return self.hostport
 
+    def with_port(self, port: int) -> Endpoint:
+        """This endpoint on ``port`` (dataclasses.replace, without its per-call cost: one
+        call per endpoint and port of every slice at start)."""
+        return Endpoint(self.ip, port, self.ready, self.serving, self.terminating,
+                        self.node_name, self.zone, self.zone_hints, self.node_hints)  # fmt: skip
+
     @cached_property
     def hostport(self) -> str:
         """net.JoinHostPort form, which is also what upstream hashes into SEP chain names."""

@@ -13,13 +13,13 @@ tracker keeps the last known state and the programmed rules stay.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from kubernetes import client, config
 
 from pyproxy.model.events import Event, EventType
@@ -154,13 +154,13 @@ class ApiServerSource:
     def list_all(self, res: Resource) -> str:
         resp = self._request(res, {"limit": "500"}, (10, 60))
         items: list[Mapping[str, Any]] = []
-        body = json.loads(resp.data)
+        body = orjson.loads(resp.data)
         rv = str(body.get("metadata", {}).get("resourceVersion", ""))
         items += body.get("items") or []
         cont = body.get("metadata", {}).get("continue")
         while cont:
             resp = self._request(res, {"limit": "500", "continue": cont}, (10, 60))
-            body = json.loads(resp.data)
+            body = orjson.loads(resp.data)
             items += body.get("items") or []
             cont = body.get("metadata", {}).get("continue")
         kind_items = [{**i, "kind": res.kind} for i in items]
@@ -189,7 +189,7 @@ class ApiServerSource:
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
                     if line.strip():
-                        new_rv = self._handle(res, json.loads(line))
+                        new_rv = self._handle(res, orjson.loads(line))
                         if new_rv:
                             yield new_rv
         finally:

@@ -20,7 +20,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from immutables import Map
@@ -67,7 +67,7 @@ def _merge_endpoints(slices: Sequence[convert.SliceInfo]) -> EndpointsOfService:
             spn = ServicePortName(sl.service, pname, proto)
             bucket = merged.setdefault(spn, {})
             for ep in sl.endpoints:
-                real = replace(ep, port=number)
+                real = ep.with_port(number)
                 key = str(real)
                 old = bucket.get(key)
                 if old is None or (real.ready and not old.ready):

@@ -3,12 +3,14 @@
 For each port of a service: its addresses, its traffic policies, and every endpoint with the
 reason it is used or not (not ready, terminating fallback, on another node under a Local
 policy, hinted for another zone), answered by the same selection function the backends use,
-plus the iptables chains that carry it. Pure: works on a manifests directory or a snapshot.
+plus the iptables chains and the nftables objects that carry it. Pure: works on a manifests
+directory or a snapshot.
 """
 
 from __future__ import annotations
 
 from pyproxy.backends.iptables import names
+from pyproxy.backends.nftables import names as nft
 from pyproxy.model.selection import categorize_endpoints
 from pyproxy.model.types import Endpoint, NamespacedName, ProxyState, ServicePort
 
@@ -85,5 +87,13 @@ def explain(state: ProxyState, service: NamespacedName, port: str | None = None)
             f"  iptables chains: {names.cluster_chain(sp.name)} (Cluster), "
             f"{names.local_chain(sp.name)} (Local), {names.external_chain(sp.name)} "
             "(external)"
+        )
+        base = nft.port_base(sp.name)
+        key = f"{sp.protocol.value.lower()} . {sp.port}"
+        out.append(
+            f"  nftables (table kube-proxy): chains {nft.SERVICE}{base} (Cluster), "
+            f"{nft.LOCAL}{base} (Local), {nft.EXTERNAL}{base} (external), "
+            f"{nft.FIREWALL}{base} (source ranges); element "
+            f"service-ips {{ {' / '.join(map(str, sp.cluster_ips))} . {key} }}"
         )
     return "\n".join(out) + "\n"

@@ -31,6 +31,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -106,7 +107,14 @@ def one_change(p: Proxy, cluster: Cluster, n: int) -> tuple[float, float]:
     c0, s0 = histogram(p, before, NPL)
     d0, ds0 = histogram(p, before, SYNC)
     objects.change_endpoints(cluster, [random.randrange(n)], M, next(GENERATIONS))
-    after = wait(p, lambda t: histogram(p, t, NPL)[0] > c0, CAP, "one change")
+    # Upstream observes the latency inside a sync and its duration as the sync returns, after
+    # its conntrack clean-up: wait for both.
+    after = wait(
+        p,
+        lambda t: histogram(p, t, NPL)[0] > c0 and histogram(p, t, SYNC)[0] > d0,
+        CAP,
+        "one change",
+    )
     c1, s1 = histogram(p, after, NPL)
     d1, ds1 = histogram(p, after, SYNC)
     return (s1 - s0) / (c1 - c0), (ds1 - ds0) / max(d1 - d0, 1)
@@ -157,7 +165,13 @@ def measure(p: Proxy, cluster: Cluster, n: int, repeats: int) -> dict[str, Any]:
     return row
 
 
-def run(sizes: list[int], modes: list[str], out: Path, repeats: int) -> list[dict[str, Any]]:
+def run(
+    sizes: list[int],
+    modes: list[str],
+    out: Path,
+    repeats: int,
+    proxies: tuple[str, ...] = ("kube-proxy", "pyproxy"),
+) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     work = Path(tempfile.mkdtemp(prefix="pyproxy-bench-"))
     cluster = Cluster(work / "control-plane").start()
@@ -180,7 +194,7 @@ def run(sizes: list[int], modes: list[str], out: Path, repeats: int) -> list[dic
             objects.grow(cluster, have, n, M, progress)
             have = n
             for mode in modes:
-                for name in ("kube-proxy", "pyproxy"):
+                for name in proxies:
                     p = Proxy(name, mode, cluster, work)
                     progress(f"N = {n}: {name} ({mode} mode)")
                     try:
@@ -197,12 +211,18 @@ def run(sizes: list[int], modes: list[str], out: Path, repeats: int) -> list[dic
     return rows
 
 
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(f"stopped by signal {signum}")  # unwinds through the clean-ups
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _exit_on_term)
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="N = 200, for CI: fails only on a crash")
     ap.add_argument("--sizes", default="1000,5000,10000")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--modes", default="iptables,nftables")
+    ap.add_argument("--proxies", default="kube-proxy,pyproxy", help="for development runs")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -216,7 +236,8 @@ def main() -> int:
     sizes = [200] if args.quick else [int(s) for s in args.sizes.split(",")]
     out = Path(args.out) / ("quick" if args.quick else "")
     out.mkdir(parents=True, exist_ok=True)
-    rows = run(sizes, args.modes.split(","), out, 3 if args.quick else args.repeats)
+    rows = run(sizes, args.modes.split(","), out, 3 if args.quick else args.repeats,
+               tuple(args.proxies.split(",")))  # fmt: skip
     if not args.quick:
         render_row = render_beside_floor(2000, M)
         progress(f"pyproxy render at 2,000 x {M}: {render_row['render_s']:.2f}s, "

@@ -1,19 +1,26 @@
-"""Conformance beside upstream: upstream kube-proxy (iptables mode) on node-b and pyproxy on
-node-a, against the same Services of one real cluster. For every source (a client allowed by
-source ranges, one that is not, a pod on the node, the node itself) x every service address
-(cluster IP, the node's NodePort, external IP, load-balancer IP) x port, TCP and UDP, the
-outcome seen through node-a must equal the one seen through node-b.
+"""Conformance beside upstream, in iptables and in nftables mode: upstream kube-proxy on node-b
+and pyproxy on node-a, in the same mode, against the same Services of one real cluster. For
+every source (a client allowed by source ranges, one that is not, a pod on the node, the node
+itself) x every service address (cluster IP, the node's NodePort, external IP, load-balancer
+IP) x port, TCP and UDP, the outcome seen through node-a must equal the one seen through
+node-b.
 
 Outcomes are written relative to the node that handled the traffic ("2 local + 2 remote
 pods", "source kept", "refused", "timeout"), so the two nodes are comparable. Where they
 differ, pyproxy is wrong unless upstream's documentation says otherwise.
+
+In nftables mode the rule set itself is compared too: upstream kube-proxy run for node-a in a
+namespace of its own writes a ``kube-proxy`` table that, normalized (element order, handles,
+counters), must be pyproxy's, object for object.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +31,8 @@ from tests.cluster.nsrelay import Relay
 from tests.e2e.conftest import in_ns_kubeconfig, require_local
 from tests.e2e.kube import Kube, eventually
 from tests.e2e.multinode import CLIENTS, NODES, PODS, MultiNode, pod_ip
-from tests.netns.world import Pyproxy
+from tests.netns.nft_compare import table as nft_table
+from tests.netns.world import PYPROXY, Pyproxy, sh
 
 NS = "conf"
 TCP = {"name": "tcp", "port": 80, "targetPort": 8080, "protocol": "TCP"}
@@ -74,13 +82,10 @@ def mn() -> Iterator[MultiNode]:
 
 
 @pytest.fixture(scope="module")
-def proxies(
-    mn: MultiNode, cluster: Cluster, kube: Kube, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, Any]]:
+def relays(mn: MultiNode, cluster: Cluster, kube: Kube) -> Iterator[list[Relay]]:
     require_local(cluster)
     if binary("kube-proxy") is None:
         pytest.skip("upstream kube-proxy binary not built: run `make e2e`")
-    d = tmp_path_factory.mktemp("conformance")
     relays = [Relay(mn.node_ns[n], 6443, ("127.0.0.1", cluster.api_port)) for n in NODES]
     for node, ip in NODES.items():
         kube.node(node)
@@ -93,44 +98,94 @@ def proxies(
                 ]
             },
         )
-    ours = Pyproxy(
-        mn,
-        None,
-        d / "pyproxy.log",
-        kubeconfig=in_ns_kubeconfig(cluster, PYPROXY_TOKEN, d / "pyproxy.kubeconfig"),
-        node="node-a",
-        ns=mn.node_ns["node-a"],
-    ).start()
-    ours.args = ours.args  # (started above)
-    upstream_log = (d / "kube-proxy.log").open("a")
-    upstream = mn.spawn(
-        mn.node_ns["node-b"],
+    try:
+        yield relays
+    finally:
+        for r in relays:
+            r.close()
+
+
+def upstream_command(cluster: Cluster, d: Path, mode: str, node: str) -> list[str]:
+    return [
         str(binary("kube-proxy")),
         f"--kubeconfig={in_ns_kubeconfig(cluster, KUBE_PROXY_TOKEN, d / 'kp.kubeconfig')}",
-        "--proxy-mode=iptables",
-        "--hostname-override=node-b",
+        f"--proxy-mode={mode}",
+        f"--hostname-override={node}",
         "--cluster-cidr=10.244.0.0/16",
         "--conntrack-max-per-core=0",
         "--conntrack-tcp-timeout-established=0",
         "--conntrack-tcp-timeout-close-wait=0",
         "--metrics-bind-address=127.0.0.1:10249",
         "--healthz-bind-address=127.0.0.1:10256",
-        "--iptables-min-sync-period=1s",
+        "--iptables-min-sync-period=1s",  # also nftables mode's (upstream's options.go)
         "--v=2",
+    ]
+
+
+@pytest.fixture(scope="module", params=["iptables", "nftables"])
+def proxies(
+    request: pytest.FixtureRequest,
+    mn: MultiNode,
+    cluster: Cluster,
+    relays: list[Relay],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, Any]]:
+    mode = str(request.param)
+    d = tmp_path_factory.mktemp(f"conformance-{mode}")
+    ours = Pyproxy(
+        mn,
+        None,
+        d / "pyproxy.log",
+        mode=mode,
+        kubeconfig=in_ns_kubeconfig(cluster, PYPROXY_TOKEN, d / "pyproxy.kubeconfig"),
+        node="node-a",
+        ns=mn.node_ns["node-a"],
+    ).start()
+    upstream_log = (d / "kube-proxy.log").open("a")
+    upstream = mn.spawn(
+        mn.node_ns["node-b"],
+        *upstream_command(cluster, d, mode, "node-b"),
         stdout=upstream_log,
         stderr=subprocess.STDOUT,
     )
     try:
-        yield {"pyproxy": ours, "kube-proxy": upstream, "dir": d}
+        yield {"pyproxy": ours, "kube-proxy": upstream, "dir": d, "mode": mode}
     finally:
         ours.stop()
         mn.stop(upstream)
-        for r in relays:
-            r.close()
+        # The next mode starts from clean nodes, as after a reboot.
+        mn.exec(mn.node_ns["node-a"], PYPROXY, "cleanup", f"--mode={mode}", check=False)
+        mn.exec(mn.node_ns["node-b"], str(binary("kube-proxy")), "--cleanup", check=False)
+        for ns in (mn.node_ns["node-a"], mn.node_ns["node-b"]):
+            mn.exec(ns, "conntrack", "-F", check=False)
         for name in ("pyproxy.log", "kube-proxy.log"):
             p = d / name
             if p.exists():
                 print(f"--- {name} tail ---\n" + "\n".join(p.read_text().splitlines()[-15:]))
+
+
+@pytest.fixture(scope="module")
+def workload(mn: MultiNode, kube: Kube, relays: list[Relay]) -> None:
+    """The scenarios' Services and pods, made once for both modes."""
+    kube.namespace(NS)
+    for pod, (node, _) in PODS.items():
+        kube.pod(NS, pod, node, pod_ip(pod), ECHO)
+    for name, ports, selector, spec, lb_ip in SCENARIOS:
+        kube.service(NS, name, ports, selector, **spec)
+        if lb_ip:
+            kube.patch_status(
+                f"/api/v1/namespaces/{NS}/services/{name}",
+                {"loadBalancer": {"ingress": [{"ip": lb_ip}]}},
+            )
+    # Terminating endpoints: pods still serving while being deleted (no kubelet finishes it).
+    for pod in ("pod-a1", "pod-b1"):
+        kube.pod(NS, f"term-{pod}", PODS[pod][0], pod_ip(pod), {"app": "term"})
+    eventually(lambda: len(kube.ready_addresses(NS, "terminating")) == 2, what="term slices")
+    for pod in ("pod-a1", "pod-b1"):
+        kube.c.request("DELETE", f"/api/v1/namespaces/{NS}/pods/term-{pod}")
+    eventually(lambda: not kube.ready_addresses(NS, "terminating"), what="terminating endpoints")
+    ready = {pod_ip(p) for p in PODS}
+    eventually(lambda: kube.ready_addresses(NS, "cluster") == ready, what="slices")
 
 
 def probe(
@@ -201,27 +256,8 @@ def matrix(mn: MultiNode, kube: Kube, node: str) -> dict[tuple[str, ...], str]:
 
 
 def test_reachability_matrix_matches_upstream(
-    mn: MultiNode, kube: Kube, cluster: Cluster, proxies: dict[str, Any]
+    mn: MultiNode, kube: Kube, workload: None, proxies: dict[str, Any]
 ) -> None:
-    kube.namespace(NS)
-    for pod, (node, _) in PODS.items():
-        kube.pod(NS, pod, node, pod_ip(pod), ECHO)
-    for name, ports, selector, spec, lb_ip in SCENARIOS:
-        kube.service(NS, name, ports, selector, **spec)
-        if lb_ip:
-            kube.patch_status(
-                f"/api/v1/namespaces/{NS}/services/{name}",
-                {"loadBalancer": {"ingress": [{"ip": lb_ip}]}},
-            )
-    # Terminating endpoints: pods still serving while being deleted (no kubelet finishes it).
-    for pod in ("pod-a1", "pod-b1"):
-        kube.pod(NS, f"term-{pod}", PODS[pod][0], pod_ip(pod), {"app": "term"})
-    eventually(lambda: len(kube.ready_addresses(NS, "terminating")) == 2, what="term slices")
-    for pod in ("pod-a1", "pod-b1"):
-        kube.c.request("DELETE", f"/api/v1/namespaces/{NS}/pods/term-{pod}")
-    eventually(lambda: not kube.ready_addresses(NS, "terminating"), what="terminating endpoints")
-    ready = {pod_ip(p) for p in PODS}
-    eventually(lambda: kube.ready_addresses(NS, "cluster") == ready, what="slices")
     # Both proxies have programmed everything: the last service answers through each node.
     for node in NODES:
         eventually(
@@ -250,7 +286,74 @@ def test_reachability_matrix_matches_upstream(
         if ours.get(k) != theirs.get(k)
     }
     report = "\n".join(f"{k}: pyproxy={a!r} kube-proxy={b!r}" for k, (a, b) in sorted(diff.items()))
-    Path(proxies["dir"] / "matrix.txt").write_text(
+    Path(proxies["dir"] / f"matrix-{proxies['mode']}.txt").write_text(
         "\n".join(f"{k}: {v}" for k, v in sorted(ours.items()))
     )
     assert not diff, "pyproxy and upstream kube-proxy differ:\n" + report
+
+
+@contextmanager
+def twin(mn: MultiNode, cluster: Cluster, name: str) -> Iterator[str]:
+    """A bare namespace that reaches the API server: where a proxy for node-a writes its table
+    without touching node-a's own."""
+    ns = mn.ns(name)
+    sh("ip", "netns", "add", ns)
+    mn.namespaces.append(ns)
+    relay = None
+    try:
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        relay = Relay(ns, 6443, ("127.0.0.1", cluster.api_port))
+        yield ns
+    finally:
+        if relay is not None:
+            relay.close()
+        sh("ip", "netns", "del", ns, check=False)
+        mn.namespaces.remove(ns)
+
+
+def service_ips(mn: MultiNode, ns: str) -> int:
+    return len(nft_table(mn, ns).get("map service-ips", {}).get("elements", []))
+
+
+def test_nftables_table_equals_upstreams(
+    mn: MultiNode, cluster: Cluster, kube: Kube, workload: None, tmp_path: Path
+) -> None:
+    """pyproxy --mode=nftables and upstream kube-proxy --proxy-mode=nftables, both for node-a,
+    each in a namespace of its own: the same ``ip kube-proxy`` table."""
+    require_local(cluster)
+    with twin(mn, cluster, "nft-ours") as ns_ours, twin(mn, cluster, "nft-theirs") as ns_theirs:
+        ours = Pyproxy(
+            mn,
+            None,
+            tmp_path / "pyproxy.log",
+            mode="nftables",
+            kubeconfig=in_ns_kubeconfig(cluster, PYPROXY_TOKEN, tmp_path / "pyproxy.kubeconfig"),
+            node="node-a",
+            ns=ns_ours,
+        ).start()
+        theirs = mn.spawn(
+            ns_theirs,
+            *upstream_command(cluster, tmp_path, "nftables", "node-a"),
+            stdout=(tmp_path / "kube-proxy.log").open("a"),
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            want = sum(len(ports) for _, ports, *_ in SCENARIOS)  # ... and `kubernetes`
+            for ns in (ns_ours, ns_theirs):
+                eventually(lambda n=ns: service_ips(mn, n) > want, timeout=60,
+                           what=f"the services in {ns}'s table")  # fmt: skip
+            time.sleep(3)  # both past their min-sync-period: nothing left pending
+            got, expected = nft_table(mn, ns_ours), nft_table(mn, ns_theirs)
+        finally:
+            ours.stop()
+            mn.stop(theirs)
+            for name in ("pyproxy.log", "kube-proxy.log"):
+                print(f"--- {name} tail ---\n" + "\n".join(
+                    (tmp_path / name).read_text().splitlines()[-15:]))  # fmt: skip
+    report = [f"only pyproxy: {k}" for k in sorted(got.keys() - expected.keys())]
+    report += [f"only upstream: {k}" for k in sorted(expected.keys() - got.keys())]
+    for k in sorted(got.keys() & expected.keys()):
+        if got[k] != expected[k]:
+            report.append(f"{k}:\n  pyproxy:  {got[k]}\n  upstream: {expected[k]}")
+    assert not report, "the nftables tables differ:\n" + "\n".join(report)
+    assert len(got) > 30  # chains, sets and maps of every scenario

@@ -51,3 +51,15 @@ def test_terminating_fallback_and_no_endpoints() -> None:
     assert "used: terminating but serving" in explain(state, NamespacedName("ns", "a"))
     assert "connections are refused" in explain(state, NamespacedName("ns", "b"))
     assert "no such service port" in explain(state, NamespacedName("ns", "zzz"))
+
+
+def test_names_the_iptables_chains_and_nftables_objects() -> None:
+    """Names checked against upstream's own test vectors: KUBE-SVC-XPGD46QRK7WJZT7O
+    (iptables proxier_test.go) and ULMVA6XW (nftables proxier_test.go), for ns1/svc1:p80."""
+    objs = [service("ns1", "svc1", "172.30.0.41", [port("p80", 80)])]
+    text = explain(tracker_with("n1", *objs).current_state(), NamespacedName("ns1", "svc1"))
+    words = text.replace(",", " ").split()
+    assert "KUBE-SVC-XPGD46QRK7WJZT7O" in words
+    assert "service-ULMVA6XW-ns1/svc1/tcp/p80" in words
+    assert "local-ULMVA6XW-ns1/svc1/tcp/p80" in words
+    assert "service-ips { 172.30.0.41 . tcp . 80 }" in text
