@@ -96,9 +96,11 @@ class Nft:
             return f"nftables does not work here: {err}"
         return None
 
-    def run(self, text: str, flags: int = 0) -> str:
+    def run(self, text: str, flags: int = 0, fresh: bool = False) -> str:
+        """One transaction. ``fresh``: in a new ``nft`` process when the program is there (a
+        large one: the memory libnftables grows for it is returned when the process ends)."""
         with self._lock:
-            if self._lib is not None:
+            if self._lib is not None and not (fresh and shutil.which("nft")):
                 return self._lib.run(text, flags)
             args = ["nft", *(["-t"] if flags & OUTPUT_TERSE else []), "-f", "-"]
             res = subprocess.run(args, input=text, capture_output=True, text=True, timeout=600)

@@ -311,12 +311,8 @@ def endpoint_slice(obj: Obj) -> SliceInfo | None:
                 terminating=_cond(conds, "terminating", False),
                 node_name=str(e.get("nodeName") or ""),
                 zone=str(e.get("zone") or ""),
-                zone_hints=frozenset(
-                    str(z.get("name")) for z in hints.get("forZones") or [] if z.get("name")
-                ),
-                node_hints=frozenset(
-                    str(n.get("name")) for n in hints.get("forNodes") or [] if n.get("name")
-                ),
+                zone_hints=_names(hints.get("forZones")),
+                node_hints=_names(hints.get("forNodes")),
             )
         )
     trigger = (meta.get("annotations") or {}).get(TRIGGER_TIME_ANNOTATION)
@@ -325,6 +321,19 @@ def endpoint_slice(obj: Obj) -> SliceInfo | None:
         ports=tuple(ports),
         endpoints=tuple(eps),
         trigger_time=_parse_time(trigger),
+    )
+
+
+NO_NAMES: frozenset[str] = frozenset()
+
+
+def _names(entries: Any) -> frozenset[str]:
+    """Hint names; the one shared empty set when there are none (most endpoints: a fresh
+    empty frozenset per endpoint cost 40 MB at 10,000 services x 10 endpoints)."""
+    if not entries:
+        return NO_NAMES
+    return frozenset(
+        str(e.get("name")) for e in entries if isinstance(e, Mapping) and e.get("name")
     )
 
 

@@ -90,7 +90,8 @@ class Syncer:
         so the runner retries with backoff."""
         if not self.tracker.initialized:
             if not self._warned_uninitialized:
-                log.info("not syncing until Services and EndpointSlices have been listed")
+                log.info("not syncing until Services, EndpointSlices, the Node and ServiceCIDRs "
+                         "have been listed")  # fmt: skip
                 self._warned_uninitialized = True
             return False
         with self._lock:

@@ -12,7 +12,7 @@ from pyproxy.backends.nftables.backend import NftablesBackend, _Family
 from pyproxy.backends.nftables.table import Renderer
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.kernel.nft import Nft
-from pyproxy.model.events import Event, EventType
+from pyproxy.model.events import KINDS, Event, EventType
 from pyproxy.model.types import IPFamily, NamespacedName, Protocol, ServicePortName
 from pyproxy.sync.syncer import Syncer
 from pyproxy.sync.tracker import ChangeTracker
@@ -34,7 +34,7 @@ class RecordingNft(Nft):
     def usable(self) -> str | None:
         return None
 
-    def run(self, text: str, flags: int = 0) -> str:
+    def run(self, text: str, flags: int = 0, fresh: bool = False) -> str:
         self.runs.append(text)
         return ""
 
@@ -50,7 +50,7 @@ class RecordingNft(Nft):
 def world() -> tuple[ChangeTracker, Syncer, RecordingNft]:
     tracker = ChangeTracker("node-a")
     objs = objects(N)
-    for kind in ("Service", "EndpointSlice", "Node"):
+    for kind in KINDS:
         tracker.apply(
             Event(kind, EventType.REPLACE, objects=[o for o in objs if o["kind"] == kind])
         )

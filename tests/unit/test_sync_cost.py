@@ -16,7 +16,7 @@ from pyproxy.backends.iptables.backend import IptablesBackend, _Family
 from pyproxy.backends.iptables.table import Renderer
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.kernel.iptables import Iptables
-from pyproxy.model.events import Event, EventType
+from pyproxy.model.events import KINDS, Event, EventType
 from pyproxy.model.types import Endpoint, IPFamily, NamespacedName, Protocol, ServicePortName
 from pyproxy.sync.syncer import Syncer
 from pyproxy.sync.tracker import ChangeTracker
@@ -63,7 +63,7 @@ def slice_of(i: int, ips: list[str]) -> dict[str, Any]:
 def world() -> tuple[ChangeTracker, Syncer, RecordingIptables, Renderer]:
     tracker = ChangeTracker("node-a")
     objs = objects(N)
-    for kind in ("Service", "EndpointSlice", "Node"):
+    for kind in KINDS:
         tracker.apply(
             Event(kind, EventType.REPLACE, objects=[o for o in objs if o["kind"] == kind])
         )

@@ -22,12 +22,15 @@ def ev(kind: str, typ: EventType, obj: dict) -> Event:
     return Event(kind, typ, obj)
 
 
-def test_not_initialized_until_both_kinds_listed() -> None:
+def test_not_initialized_until_every_kind_is_listed() -> None:
+    """Services and EndpointSlices, as upstream, and the Node and ServiceCIDRs too: a first
+    sync without the Node would be followed at once by a second full one."""
     t = ChangeTracker("n1")
+    for kind in ("Service", "EndpointSlice", "Node"):
+        assert not t.initialized
+        t.apply(Event(kind, EventType.SYNCED))
     assert not t.initialized
-    t.apply(Event("Service", EventType.SYNCED))
-    assert not t.initialized
-    t.apply(Event("EndpointSlice", EventType.SYNCED))
+    t.apply(Event("ServiceCIDR", EventType.SYNCED))
     assert t.initialized
 
 

@@ -120,7 +120,6 @@ class IptablesBackend(Backend):
         self.configs = {f: IptablesConfig(family=f, proxy=cfg) for f in FAMILIES}
         self._families: list[_Family] | None = None
         self.metrics: IptablesMetrics | None = None
-        self.last_restore: list[str] = []
         """The transactions of the last sync that succeeded (for debugging)."""
 
     def register_metrics(self, registry: CollectorRegistry) -> None:
@@ -179,7 +178,6 @@ class IptablesBackend(Backend):
         times = [0.0, 0.0]  # render, apply
         did_full = False
         no_local: dict[tuple[str, IPFamily], int] = {}
-        self.last_restore = []
         for fam in fams:
             full, texts = self._sync_family(fam, state, request, times)
             did_full = did_full or full
@@ -190,7 +188,6 @@ class IptablesBackend(Backend):
             self._count(fam, programmed, texts)
             self._clear_conntrack(fam, state, None if full else request.changed)
             fam.last_state = state
-            self.last_restore += texts
         families = tuple(f.family for f in fams)
         if self.metrics is not None:
             self.metrics.durations.observe(did_full, time.monotonic() - start, families)

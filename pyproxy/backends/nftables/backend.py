@@ -5,7 +5,7 @@ A partial sync is one transaction per family holding only what changed: the chan
 chains, their affinity sets, and the set and map elements that differ from what was written
 (a mirror in memory: nothing is read back). A full sync (at start, after a failure, when the
 node's facts or the service CIDRs change, when the table was removed, hourly) rewrites
-everything, in ordered transactions when large. Stale chains are flushed at once and deleted
+everything in one transaction. Stale chains are flushed at once and deleted
 by a later sync, at least a second on.
 """
 
@@ -32,8 +32,10 @@ from pyproxy.model.types import IPFamily, NamespacedName, ProxyState
 log = logging.getLogger(__name__)
 
 FAMILIES = (IPFamily.IPV4, IPFamily.IPV6)
-BATCH_RULES = 2_000
-"""Chains and rules per transaction of a large full sync (see ``transactions``)."""
+FRESH_PROCESS_RULES = 5_000
+"""A full sync with more rules than this runs in an ``nft`` process rather than in pyproxy's
+libnftables: parsing 150,000 lines (10,000 services) grows a process by about 360 MB, which
+libnftables keeps; a process that exits gives it back."""
 
 
 class NftablesMetrics:
@@ -78,7 +80,6 @@ class NftablesBackend(Backend):
         self._nft: Nft | None = None
         self._families: list[_Family] | None = None
         self.metrics: NftablesMetrics | None = None
-        self.last_transactions: list[str] = []
 
     def register_metrics(self, registry: CollectorRegistry) -> None:
         self.metrics = NftablesMetrics(registry)
@@ -91,7 +92,7 @@ class NftablesBackend(Backend):
                 continue
             r = Renderer(self.configs[family]).full(state)
             parts.append(
-                f"# {family.value}: input for nft -f\n" + tx.full(r, tx.Mirror(), (), (), 0)[0]
+                f"# {family.value}: input for nft -f\n" + tx.full(r, tx.Mirror(), (), (), 0)
             )
         return "".join(parts)
 
@@ -147,7 +148,6 @@ class NftablesBackend(Backend):
         times = [0.0, 0.0]
         did_full = False
         no_local: dict[tuple[str, IPFamily], int] = {}
-        self.last_transactions = []
         for fam in fams:
             full = self._sync_family(nft, fam, state, request, times)
             did_full = did_full or full
@@ -178,7 +178,9 @@ class NftablesBackend(Backend):
             updates = fam.renderer.updates(state, request.changed, fam.programmed)
             t1 = time.monotonic()
             times[0] += t1 - t0
-            if updates is not None:
+            if updates is None:
+                log.info("%s: the node's facts or the service CIDRs changed", fam.family.value)
+            else:
                 try:
                     self._partial(nft, fam, fam.programmed, updates, now)
                     return False
@@ -196,15 +198,14 @@ class NftablesBackend(Backend):
             times[1] += time.monotonic() - t1
         return True
 
-    def _run(self, nft: Nft, fam: _Family, text: str) -> None:
+    def _run(self, nft: Nft, fam: _Family, text: str, fresh: bool = False) -> None:
         try:
-            nft.run(text)
+            nft.run(text, fresh=fresh)
         except NftError as err:
             fam.trusted = False
             if self.metrics is not None:
                 self.metrics.sync_failures.labels(fam.family.value).inc()
             raise BackendError(f"{fam.family.value} nftables transaction failed: {err}") from None
-        self.last_transactions.append(text)
 
     def _partial(
         self, nft: Nft, fam: _Family, programmed: Rendered, updates: Updates, now: float
@@ -221,13 +222,9 @@ class NftablesBackend(Backend):
             raise BackendError(
                 f"cannot list the {fam.cfg.nft_family} {TABLE} table: {err}"
             ) from None
-        batch = BATCH_RULES if new.rule_count() > BATCH_RULES else None
-        texts = tx.full(new, fam.mirror, existing["chain"], existing["set"], now, batch)
+        text = tx.full(new, fam.mirror, existing["chain"], existing["set"], now)
         fam.programmed, fam.trusted = new, False
-        for i, text in enumerate(texts):
-            self._run(nft, fam, text)
-            if len(texts) > 1:
-                log.info("full sync: transaction %d of %d applied", i + 1, len(texts))
+        self._run(nft, fam, text, fresh=new.rule_count() > FRESH_PROCESS_RULES)
         tx.written_after_full(new, fam.mirror)
         fam.trusted = True
 

@@ -1,13 +1,12 @@
 """nftables transactions (nft input text) that move the kernel from what pyproxy wrote to a new
-rule set: a full sync, in ordered transactions when large, or a partial one that writes only
-what changed. Pure: the ``Mirror`` remembers what was written instead of reading it back.
+rule set: a full sync, or a partial one that writes only what changed. Pure: the ``Mirror``
+remembers what was written instead of reading it back.
 
-A full sync writes the services' own chains first, in transactions of about ``max_rules``
-rules each, a whole service per transaction so its chains and affinity sets arrive together;
-nothing points to them yet. The last transaction writes the static part and every set and map
-element: only from then on do service addresses lead to the new chains, so there is never an
-element pointing to a missing chain. (nft's cost for one transaction grows faster than its
-size; at 10,000 services one transaction is several times slower than ordered ones.)
+A full sync is one transaction, as upstream's: atomic, so no map element ever points to a
+missing chain. Measured here at 10,000 services x 10 endpoints (150,000 lines): 10.7 s. Ordered
+transactions (service chains in batches, then the static part and the elements) took 36 s:
+each batch pays for the chains already there, and the 100,000 hairpin-set elements alone took
+22 s once the chains had arrived in separate transactions (1.2 s otherwise).
 """
 
 from __future__ import annotations
@@ -50,20 +49,12 @@ def _chain_block(r: Rendered, chains: dict[str, list[str]], sets: dict[str, str]
     return out
 
 
-def _service_batches(r: Rendered, max_rules: int) -> list[list[str]]:
-    batches: list[list[str]] = []
-    current: list[str] = []
-    size = 0
+def _service_blocks(r: Rendered) -> list[str]:
+    out: list[str] = []
     for svc in sorted(r.entries):
         obj = r.entries[svc].objects
-        current += _chain_block(r, obj.chains, obj.sets)
-        size += sum(len(rules) + 1 for rules in obj.chains.values())
-        if size >= max_rules:
-            batches.append(current)
-            current, size = [], 0
-    if current:
-        batches.append(current)
-    return batches
+        out += _chain_block(r, obj.chains, obj.sets)
+    return out
 
 
 def full(
@@ -72,17 +63,10 @@ def full(
     existing_chains: Collection[str],
     existing_sets: Collection[str],
     now: float,
-    max_rules: int | None = None,
-) -> list[str]:
-    """The transactions of a full sync. ``existing_*`` are the table's current chain and set
+) -> str:
+    """The transaction of a full sync. ``existing_*`` are the table's current chain and set
     names (listed once per full sync), to find stale ones."""
-    table = r.table_line()
-    if max_rules is None:
-        own = [line for b in _service_batches(r, 1 << 60) for line in b]
-        return [_final(r, mirror, existing_chains, existing_sets, now, own)]
-    batches = [[table, *b] for b in _service_batches(r, max_rules)]
-    final = _final(r, mirror, existing_chains, existing_sets, now, [])
-    return ["".join(b) for b in batches] + [final]
+    return _final(r, mirror, existing_chains, existing_sets, now, _service_blocks(r))
 
 
 def _final(
