@@ -19,8 +19,13 @@ import shutil
 import subprocess
 import threading
 
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.nftables.main import NFTables
+
 log = logging.getLogger(__name__)
 
+FAMILIES = {1: "inet", 2: "ip", 3: "arp", 5: "netdev", 7: "bridge", 10: "ip6"}
+"""nfproto numbers as nft names them."""
 OUTPUT_TERSE = 1 << 11  # NFT_CTX_OUTPUT_TERSE: list sets without their elements
 _OBJECT = re.compile(r"^\t(chain|set|map) (\S+) \{$")
 _TABLE = re.compile(r"^table (\S+) (\S+) \{$")
@@ -91,7 +96,7 @@ class Nft:
         if self._lib is None and shutil.which("nft") is None:
             return "neither libnftables nor the nft program is installed"
         try:
-            self.run("list tables\n")
+            self.tables()
         except (NftError, OSError) as err:
             return f"nftables does not work here: {err}"
         return None
@@ -122,9 +127,15 @@ class Nft:
         return out
 
     def tables(self) -> set[tuple[str, str]]:
-        text = self.run("list tables\n")
+        """(family, name) of every table, from one netlink dump of table headers. Not ``nft
+        list tables``: nft 1.0.6 fetches every chain, rule and element to answer it (3.6 s and
+        270 MB at 10,000 services, and libnftables keeps the memory)."""
+        try:
+            with NFTables(nfgen_family=0) as sock:
+                msgs = sock.get_tables()
+        except NetlinkError as err:
+            raise NftError(f"cannot list nftables tables: {err}") from None
         return {
-            (parts[1], parts[2])
-            for line in text.splitlines()
-            if (parts := line.split()) and parts[0] == "table" and len(parts) >= 3
+            (FAMILIES.get(m["nfgen_family"], str(m["nfgen_family"])), m.get_attr("NFTA_TABLE_NAME"))
+            for m in msgs
         }
