@@ -1,9 +1,10 @@
 """Manifests source: Service, EndpointSlice and Node objects from YAML files in a directory.
 
 Changes are learnt from inotify through ``watchdog``, whose watch is in place before the
-first scan, so nothing written in between is missed; where inotify is unavailable (some
-container filesystems, or no free inotify instance) the directory is polled instead, comparing
-each file's mtime and size. Either way only the files that changed
+first scan, so nothing written in between is missed; where inotify is unavailable (no free
+inotify instance) or unreliable (network and host-shared filesystems, where it misses writes:
+NFS, CIFS, 9p, virtiofs, FUSE, user-mode Linux's hostfs) the directory is polled instead,
+comparing each file's mtime and size. Either way only the files that changed
 are read again (with libyaml's C loader when PyYAML has it), and only their objects are
 compared, so a one-object edit costs one file, not the directory. A file that fails to parse
 keeps its previous objects, so saving a half-written file never drops rules; the error is
@@ -225,6 +226,14 @@ class ManifestsSource:
     def _observe(self, changes: _Changes) -> BaseObserver | None:
         """An inotify watch on the directory, already in place when this returns."""
         try:
+            fstype = filesystem_type(self.directory, Path("/proc/self/mountinfo").read_text())
+        except OSError:
+            fstype = ""
+        if fstype in NO_INOTIFY or fstype.startswith("fuse"):
+            log.info("%s is on %s, where inotify misses changes; polling every %ss",
+                     self.directory, fstype, self.interval)  # fmt: skip
+            return None
+        try:
             observer = Observer()
             observer.schedule(changes, str(self.directory), recursive=False)
             observer.start()
@@ -233,6 +242,25 @@ class ManifestsSource:
                         self.directory, err, self.interval)  # fmt: skip
             return None
         return observer
+
+
+NO_INOTIFY = frozenset({"nfs", "nfs4", "cifs", "smb3", "9p", "virtiofs", "hostfs", "vboxsf"})
+
+
+def filesystem_type(directory: Path, mountinfo: str) -> str:
+    """The type of the filesystem ``directory`` is on, from /proc/self/mountinfo's text (the
+    mount point that is the longest prefix of its real path)."""
+    path = os.path.realpath(directory)
+    best, fstype = -1, ""
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        point = fields[4].replace("\\040", " ")
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > best:
+            best, fstype = len(point), line.split(" - ", 1)[1].split()[0]
+    return fstype
 
 
 class _Changes(FileSystemEventHandler):

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from pyproxy.model.events import Event, EventType
-from pyproxy.sources.manifests import ManifestsSource
+from pyproxy.sources.manifests import ManifestsSource, filesystem_type
 from tests.helpers import endpoint, endpoint_slice, port, service
 
 
@@ -127,3 +127,21 @@ def test_the_same_object_in_two_files_the_last_file_wins(tmp_path: Path) -> None
     assert [(e.type, e.obj["spec"]["ports"][0]["port"]) for e in events] == [
         (EventType.MODIFIED, 80)
     ]
+
+
+MOUNTINFO = """\
+22 1 0:20 / / rw,relatime - hostfs none rw
+23 22 0:5 / /proc rw - proc proc rw
+24 22 0:21 / /run rw - tmpfs tmpfs rw
+25 22 0:44 / /srv/shared\\040dir rw - nfs4 server:/export rw
+26 22 8:1 / /srv/shared\\040dir/local rw - ext4 /dev/sda1 rw
+"""
+
+
+def test_filesystem_type_is_the_longest_mount_prefix() -> None:
+    """Where inotify misses writes (user-mode Linux's hostfs root, NFS), the source polls."""
+    assert filesystem_type(Path("/tmp/manifests"), MOUNTINFO) == "hostfs"
+    assert filesystem_type(Path("/run/m"), MOUNTINFO) == "tmpfs"
+    assert filesystem_type(Path("/srv/shared dir/x"), MOUNTINFO) == "nfs4"
+    assert filesystem_type(Path("/srv/shared dir/local/x"), MOUNTINFO) == "ext4"
+    assert filesystem_type(Path("/srv/shared"), MOUNTINFO) == "hostfs"  # a prefix, not a mount
