@@ -66,11 +66,20 @@ class NodePortAddresses:
         words += [w for w, on in (("primary", self.primary), ("localhost", self.localhost)) if on]
         return ",".join(words) or "all"
 
+    @property
+    def needs_local_addresses(self) -> bool:
+        """Whether choosing the addresses needs this host's interface addresses."""
+        return bool(self.cidrs) or self.primary
+
     def node_ips(self, node: NodeInfo, family: IPFamily) -> tuple[IPAddress, ...] | None:
         """The addresses of ``family`` that accept NodePorts, or None for "every local
-        address" (a match on the kernel's LOCAL address type). CIDRs match the node's
-        interface addresses and its Node object's addresses. As upstream, a family for which
-        neither a CIDR nor a primary IP is known accepts NodePorts on every address."""
+        address" (a match on the kernel's LOCAL address type).
+
+        As upstream (``primary`` becomes the primary IP's /32 or /128 at start, then
+        GetNodeIPs), the CIDRs select among this host's interface addresses, so a primary IP
+        that is not on an interface selects nothing; rendering offline, with no interface
+        addresses known, they select among the Node object's. A family for which neither a
+        CIDR nor a primary IP is known accepts NodePorts on every address."""
         if self.all:
             return None
         primary = node.primary_ip(family) if self.primary else None
@@ -79,8 +88,8 @@ class NodePortAddresses:
         cidrs = [c for c in self.cidrs if IPFamily.of(c) is family]
         if (self.cidrs or self.primary) and not cidrs and primary is None:
             return None
-        chosen: list[IPAddress] = [primary] if primary is not None else []
-        known = tuple(dict.fromkeys((*node.local_addresses, *node.addresses)))
+        known = node.local_addresses or node.addresses
+        chosen: list[IPAddress] = [primary] if primary in known else []
         for cidr in cidrs:
             chosen += [ip for ip in known if ip.version == cidr.version and ip in cidr]
         if self.localhost:

@@ -156,7 +156,9 @@ def test_backends_are_built_from_the_configuration() -> None:
 
 NODE = convert.node_info(
     node("n", addresses=["192.168.0.2", "fd00::2"], external=["203.0.113.7"])
-).with_local_addresses((ip("127.0.0.1"), ip("192.168.0.2"), ip("10.1.2.3"), ip("::1")))
+).with_local_addresses(
+    (ip("127.0.0.1"), ip("192.168.0.2"), ip("10.1.2.3"), ip("::1"), ip("fd00::2"))
+)
 
 
 def test_node_addresses_internal_first_and_pod_cidrs() -> None:
@@ -174,6 +176,11 @@ def test_primary_is_the_nodes_ip_of_each_family() -> None:
     npa = NodePortAddresses.parse(["primary"])
     assert npa.node_ips(NODE, IPFamily.IPV4) == (ip("192.168.0.2"),)
     assert npa.node_ips(NODE, IPFamily.IPV6) == (ip("fd00::2"),)
+    # As upstream's GetNodeIPs: a primary IP on no interface of this host selects nothing...
+    elsewhere = NODE.with_local_addresses((ip("127.0.0.1"), ip("10.1.2.3")))
+    assert npa.node_ips(elsewhere, IPFamily.IPV4) == ()
+    # ... and rendering offline (no interface addresses known) it is the Node object's IP.
+    assert npa.node_ips(NODE.with_local_addresses(()), IPFamily.IPV4) == (ip("192.168.0.2"),)
     # As upstream: a family with no known node IP accepts NodePorts everywhere.
     assert npa.node_ips(NodeInfo("bare"), IPFamily.IPV4) is None
     assert not npa.contains_ipv4_loopback

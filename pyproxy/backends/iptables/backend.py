@@ -162,7 +162,7 @@ class IptablesBackend(Backend):
     def _with_local_addresses(self, state: ProxyState) -> ProxyState:
         """NodePort CIDRs match this host's interface addresses (upstream's GetNodeIPs):
         the kernel supplies them to the state, so the render stays pure."""
-        if not self.proxy.nodeport_addresses.cidrs:
+        if not self.proxy.nodeport_addresses.needs_local_addresses:
             return state
         try:
             local = tuple(addresses.local_addresses())

@@ -132,7 +132,7 @@ class NftablesBackend(Backend):
     # ---- sync -------------------------------------------------------------------------------
 
     def _with_local_addresses(self, state: ProxyState) -> ProxyState:
-        if not self.proxy.nodeport_addresses.cidrs:
+        if not self.proxy.nodeport_addresses.needs_local_addresses:
             return state
         try:
             local = tuple(addresses.local_addresses())
