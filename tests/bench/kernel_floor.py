@@ -19,7 +19,9 @@ def restore_plainly(text: str, mode: str = "iptables") -> float:
     ns = "ppbench-floor"
     sh("ip", "netns", "del", ns, check=False)  # left by an interrupted run
     sh("ip", "netns", "add", ns)
-    loader = ["nft", "-f", "-"] if mode == "nftables" else ["iptables-nft-restore"]
+    loader = {"nftables": ["nft", "-f", "-"], "iptables-legacy": ["iptables-legacy-restore"]}.get(
+        mode, ["iptables-nft-restore"]
+    )
     try:
         t0 = time.monotonic()
         subprocess.run(
@@ -33,13 +35,15 @@ def restore_plainly(text: str, mode: str = "iptables") -> float:
 
 def floor_of_namespace(ns: str, mode: str = "iptables") -> float:
     """The floor for the rules a proxy programmed in namespace ``ns``: its filter and nat
-    tables, or (nftables mode) its ``ip kube-proxy`` table, loaded in one ``nft -f``."""
+    tables (from the back end the mode uses), or (nftables mode) its ``ip kube-proxy``
+    table, loaded in one ``nft -f``."""
     if mode == "nftables":
         table = sh("ip", "netns", "exec", ns, "nft", "list", "table", "ip", "kube-proxy",
                    timeout=300).stdout  # fmt: skip
         return restore_plainly(table, mode)
+    save = "iptables-legacy-save" if mode == "iptables-legacy" else "iptables-nft-save"
     text = "".join(
-        sh("ip", "netns", "exec", ns, "iptables-nft-save", "-t", table, timeout=300).stdout
+        sh("ip", "netns", "exec", ns, save, "-t", table, timeout=300).stdout
         for table in ("filter", "nat")
     )
     return restore_plainly(text)

@@ -17,6 +17,12 @@ from tests.cluster.nsrelay import Relay, netns
 from tests.netns.world import PYPROXY, sh
 
 CLUSTER_CIDR = "10.128.0.0/9"
+LEGACY = "iptables-legacy"
+"""The benchmark's name for iptables mode on the legacy back end: pyproxy is told with
+``--iptables-backend=legacy``; upstream runs ``iptables*`` from PATH, so its PATH starts
+with a directory of links to the legacy tools."""
+TOOLS = ("iptables", "iptables-save", "iptables-restore",
+         "ip6tables", "ip6tables-save", "ip6tables-restore")  # fmt: skip
 FAMILY = '{ip_family="IPv4"}'
 
 
@@ -38,13 +44,19 @@ class Proxy:
         self.ns = f"ppbench-{self.name}-{self.mode}"
         self.log = self.workdir / f"{self.name}-{self.mode}.log"
 
+    @property
+    def proxy_mode(self) -> str:
+        return "iptables" if self.mode == LEGACY else self.mode
+
     def command(self, config: Path) -> list[str]:
         if self.name == "pyproxy":
-            return [PYPROXY, f"--mode={self.mode}", f"--kubeconfig={config}",
-                    "--hostname-override=node-a", f"--cluster-cidr={CLUSTER_CIDR}"]  # fmt: skip
+            legacy = ["--iptables-backend=legacy"] if self.mode == LEGACY else []
+            return [PYPROXY, f"--mode={self.proxy_mode}", f"--kubeconfig={config}",
+                    "--hostname-override=node-a", f"--cluster-cidr={CLUSTER_CIDR}",
+                    *legacy]  # fmt: skip
         kube_proxy = binary("kube-proxy")
         assert kube_proxy is not None, "upstream kube-proxy is not built: make e2e"
-        return [str(kube_proxy), f"--proxy-mode={self.mode}", f"--kubeconfig={config}",
+        return [str(kube_proxy), f"--proxy-mode={self.proxy_mode}", f"--kubeconfig={config}",
                 "--hostname-override=node-a", f"--cluster-cidr={CLUSTER_CIDR}",
                 "--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0",
                 "--conntrack-tcp-timeout-close-wait=0", "--v=1"]  # fmt: skip
@@ -57,12 +69,22 @@ class Proxy:
         token = PYPROXY_TOKEN if self.name == "pyproxy" else KUBE_PROXY_TOKEN
         config = self.workdir / f"{self.name}.kubeconfig"
         config.write_text(kubeconfig("https://127.0.0.1:6443", self.cluster.ca, token))
+        env = dict(os.environ)
+        if self.mode == LEGACY and self.name == "kube-proxy":
+            tools = self.workdir / "legacy-tools"
+            tools.mkdir(exist_ok=True)
+            for tool in TOOLS:
+                link = tools / tool
+                if not link.exists():
+                    link.symlink_to(f"/usr/sbin/{tool.replace('tables', 'tables-legacy', 1)}")
+            env["PATH"] = f"{tools}:{env.get('PATH', '/usr/sbin:/usr/bin')}"
         self.started = time.time()
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", self.ns, *self.command(config)],
             stdout=self.log.open("ab"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=env,
         )
 
     def stop(self) -> None:
@@ -112,8 +134,9 @@ class Proxy:
                 capture_output=True, text=True, check=False,
             )  # fmt: skip
             return res.stdout.count(" : goto service-")
+        save = "iptables-legacy-save" if self.mode == LEGACY else "iptables-nft-save"
         res = subprocess.run(
-            ["ip", "netns", "exec", self.ns, "iptables-nft-save", "-t", "nat"],
+            ["ip", "netns", "exec", self.ns, save, "-t", "nat"],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         return sum(

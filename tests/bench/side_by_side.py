@@ -221,7 +221,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="N = 200, for CI: fails only on a crash")
     ap.add_argument("--sizes", default="1000,5000,10000")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--modes", default="iptables,nftables")
+    ap.add_argument("--modes", default="iptables,nftables,iptables-legacy")
     ap.add_argument("--proxies", default="kube-proxy,pyproxy", help="for development runs")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
