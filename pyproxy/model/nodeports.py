@@ -61,6 +61,14 @@ class NodePortAddresses:
             c.version == 4 and (c.network_address.is_loopback or start in c) for c in self.cidrs
         )
 
+    def explicit_loopback(self, family: IPFamily) -> bool:
+        """Whether loopback of ``family`` was asked for by name: ``localhost`` or a loopback
+        CIDR, never the zero CIDR (upstream v1.37's ContainsExplicitLoopback). nftables mode
+        then serves TCP NodePorts on 127.0.0.1 / ::1 in user space (KEP-6032)."""
+        return self.localhost or any(
+            IPFamily.of(c) is family and c.network_address.is_loopback for c in self.cidrs
+        )
+
     def __str__(self) -> str:
         words = [str(c) for c in self.cidrs]
         words += [w for w, on in (("primary", self.primary), ("localhost", self.localhost)) if on]
@@ -86,7 +94,7 @@ class NodePortAddresses:
         if primary is not None and primary.is_loopback:
             primary = None
         cidrs = [c for c in self.cidrs if IPFamily.of(c) is family]
-        if (self.cidrs or self.primary) and not cidrs and primary is None:
+        if not cidrs and primary is None and not self.localhost:
             return None
         known = node.local_addresses or node.addresses
         chosen: list[IPAddress] = [primary] if primary in known else []

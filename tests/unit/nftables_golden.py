@@ -1,5 +1,6 @@
 """Upstream kube-proxy v1.36.3's expected nftables rulesets (pkg/proxy/nftables/proxier_test.go),
-verbatim, and its way of comparing them (helpers_test.go ``sortNFTablesTransaction``)."""
+verbatim, and its way of comparing them (helpers_test.go ``sortNFTablesTransaction``); and
+v1.37.2's expected lines for localhost NodePorts."""
 
 from __future__ import annotations
 
@@ -165,3 +166,17 @@ OVERALL = textwrap.dedent("""
 		add element ip kube-proxy cluster-ips { 172.30.0.46 }
 		add element ip kube-proxy no-endpoint-services { 172.30.0.46 . tcp . 80 comment "ns6/svc6:p80" : goto reject-chain }
 		""")
+
+
+# v1.37.2 TestLocalhostNodePortReject (pkg/proxy/nftables/proxier_test.go): the lines its dump
+# must contain for a UDP NodePort 30053 with the localhost proxy on; the map's declaration is
+# from the same version's TestOverallNFTablesRules.
+LOCALHOST_REJECT_UDP = (
+    "add counter ip kube-proxy localhost-nodeport-rejected-udp",
+    "add counter ip kube-proxy localhost-nodeport-rejected-sctp",
+    'add rule ip kube-proxy localhost-nodeport-reject-udp counter name "localhost-nodeport-rejected-udp" reject',
+    'add rule ip kube-proxy localhost-nodeport-reject-sctp counter name "localhost-nodeport-rejected-sctp" reject',
+    "add rule ip kube-proxy nodeport-endpoints-check ip daddr 127.0.0.0/8 meta l4proto . th dport vmap @localhost-nodeport-reject-ports",
+    "add element ip kube-proxy localhost-nodeport-reject-ports { udp . 30053 : goto localhost-nodeport-reject-udp }",
+    'add map ip kube-proxy localhost-nodeport-reject-ports { type inet_proto . inet_service : verdict ; comment "localhost NodePorts rejected by kube-proxy" ; }',
+)

@@ -7,13 +7,21 @@ import ipaddress
 from dataclasses import replace
 
 from pyproxy.backends.nftables import names
+from pyproxy.backends.nftables.localhost import service_listeners
 from pyproxy.backends.nftables.render import NftConfig
 from pyproxy.backends.nftables.table import render
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.nodeports import NodePortAddresses
-from pyproxy.model.types import Endpoint, NamespacedName, Protocol, ProxyState, ServicePortName
+from pyproxy.model.types import (
+    Endpoint,
+    IPFamily,
+    NamespacedName,
+    Protocol,
+    ProxyState,
+    ServicePortName,
+)
 from tests.helpers import endpoint, endpoint_slice, node, port, service, tracker_with
-from tests.unit.nftables_golden import BASE_RULES, OVERALL, sort_transaction
+from tests.unit.nftables_golden import BASE_RULES, LOCALHOST_REJECT_UDP, OVERALL, sort_transaction
 
 NODE = "test-node"
 ip = ipaddress.ip_address
@@ -80,3 +88,56 @@ def test_names_are_upstreams_hashes() -> None:
     assert names.endpoint_base(spn, ep) == "5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80"
     spn4 = ServicePortName(NamespacedName("ns4", "svc4"), "p80", Protocol.TCP)
     assert names.endpoint_base(spn4, Endpoint(ip("10.180.0.5"), 80)).startswith("5RFCDDV7-")
+
+
+# ---- localhost NodePorts (upstream v1.37, KEP-6032) ----------------------------------------
+
+LOOPBACK_CFG = replace(
+    CFG,
+    proxy=replace(CFG.proxy, nodeport_addresses=NodePortAddresses(cidrs=(net("127.0.0.0/8"),))),
+)
+
+
+def test_localhost_nodeports_reject_what_the_relay_cannot_serve() -> None:
+    """Upstream v1.37.2's TestLocalhostNodePortReject: with the localhost proxy on, UDP and
+    SCTP NodePorts on loopback are counted and rejected, TCP is left to the proxy."""
+    udp = service("ns1", "svc-udp", "172.30.0.42", [port("p53", 53, "UDP", nodePort=30053)],
+                  type="NodePort")  # fmt: skip
+    tcp = service("ns1", "svc-tcp", "172.30.0.43", [port("p80", 80, nodePort=30080)],
+                  type="NodePort")  # fmt: skip
+    lines = set(render(state_of(udp, tcp), LOOPBACK_CFG).dump().splitlines())
+    for want in LOCALHOST_REJECT_UDP:
+        assert want in lines
+    assert not any("localhost-nodeport-rejected-tcp" in ln for ln in lines)
+    assert not any("tcp . 30080 : goto localhost" in ln for ln in lines)
+    # The other family names no loopback: its table has none of it.
+    v6 = replace(LOOPBACK_CFG, family=IPFamily.IPV6)
+    assert not any("localhost" in ln for ln in render(state_of(udp, tcp), v6).dump().splitlines())
+
+
+def test_localhost_listeners_follow_the_external_policy() -> None:
+    here, there = endpoint("10.180.0.1", node=NODE), endpoint("10.180.0.2", node="other")
+    objs = [
+        service("ns", "local", "172.30.0.50", [port("p80", 80, nodePort=30050)],
+                type="NodePort", externalTrafficPolicy="Local", healthCheckNodePort=30001),
+        service("ns", "cluster", "172.30.0.51", [port("p80", 80, nodePort=30051)],
+                type="NodePort", sessionAffinity="ClientIP"),
+        service("ns", "dns", "172.30.0.52", [port("p53", 53, "UDP", nodePort=30052)],
+                type="NodePort"),
+        service("ns", "remote-only", "172.30.0.53", [port("p80", 80, nodePort=30053)],
+                type="NodePort", externalTrafficPolicy="Local", healthCheckNodePort=30002),
+        endpoint_slice("ns", "local", "l-1", [here, there], [port("p80", 8080)]),
+        endpoint_slice("ns", "cluster", "c-1", [here, there], [port("p80", 8080)]),
+        endpoint_slice("ns", "dns", "d-1", [here], [port("p53", 5353, "UDP")]),
+        endpoint_slice("ns", "remote-only", "r-1", [there], [port("p80", 8080)]),
+    ]  # fmt: skip
+    st = state_of(*objs)
+    got = {}
+    for name in ("local", "cluster", "dns", "remote-only"):
+        got.update(service_listeners(st, NamespacedName("ns", name), IPFamily.IPV4))
+    assert set(got) == {"IPv4/tcp/30050", "IPv4/tcp/30051"}
+    local, cluster = got["IPv4/tcp/30050"], got["IPv4/tcp/30051"]
+    assert (local.host, local.port) == ("127.0.0.1", 30050)
+    assert local.endpoints == (("10.180.0.1", 8080),)
+    assert set(cluster.endpoints) == {("10.180.0.1", 8080), ("10.180.0.2", 8080)}
+    assert cluster.affinity_seconds == 10800 and local.affinity_seconds == 0

@@ -13,15 +13,23 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field, replace
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from pyproxy.backends.base import Backend, BackendError, BackendUnavailable, SyncRequest, SyncResult
 from pyproxy.backends.metrics import FAMILY, SyncDurations
 from pyproxy.backends.nftables import transactions as tx
-from pyproxy.backends.nftables.render import TABLE, NftConfig
+from pyproxy.backends.nftables.localhost import LocalhostNodePorts
+from pyproxy.backends.nftables.render import (
+    LOCALHOST_PROTOCOLS,
+    TABLE,
+    NftConfig,
+    localhost_reject_counter,
+)
 from pyproxy.backends.nftables.table import Rendered, Renderer, Updates
 from pyproxy.backends.stale_conntrack import stale_filters
 from pyproxy.config.settings import ProxyConfig
@@ -38,10 +46,38 @@ libnftables: parsing 150,000 lines (10,000 services) grows a process by about 36
 libnftables keeps; a process that exits gives it back."""
 
 
-class NftablesMetrics:
-    """The families upstream registers for nftables mode."""
+class RejectedPackets(Collector):
+    """``kubeproxy_nftables_localhost_nodeport_rejected_packets_total``: the table's named
+    counters, read at each scrape (upstream's nftCounterMetricCollector)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, read: Callable[[IPFamily], dict[str, int]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        metric = CounterMetricFamily(
+            "kubeproxy_nftables_localhost_nodeport_rejected_packets",
+            "Number of packets rejected on localhost NodePorts. UDP and SCTP are always "
+            "rejected; TCP is rejected when the localhost NodePort proxy is not running",
+            labels=("ip_family", "protocol"),
+        )
+        for family in FAMILIES:
+            try:
+                packets = self.read(family)
+            except NftError as err:
+                log.warning("cannot read the localhost NodePort counters: %s", err)
+                continue
+            for proto in LOCALHOST_PROTOCOLS:
+                n = packets.get(localhost_reject_counter(proto))
+                if n is not None:
+                    metric.add_metric((family.value, proto.upper()), n)
+        yield metric
+
+
+class NftablesMetrics:
+    """The families upstream registers for nftables mode (the localhost NodePort ones, as
+    upstream's feature gate, only when loopback serves NodePorts)."""
+
+    def __init__(self, registry: CollectorRegistry, localhost: bool) -> None:
         self.durations = SyncDurations(registry)
         self.sync_failures = Counter(
             "kubeproxy_sync_proxy_rules_nftables_sync_failures",
@@ -55,6 +91,21 @@ class NftablesMetrics:
             FAMILY,
             registry=registry,
         )
+        self.listeners: Gauge | None = None
+        self.listener_failures: Counter | None = None
+        if localhost:
+            self.listeners = Gauge(
+                "kubeproxy_nftables_localhost_nodeport_listeners",
+                "Number of active localhost NodePort userspace proxy listeners.",
+                FAMILY,
+                registry=registry,
+            )
+            self.listener_failures = Counter(
+                "kubeproxy_nftables_localhost_nodeport_listener_creation_failures",
+                "Number of localhost NodePort userspace proxy listener creation failures.",
+                FAMILY,
+                registry=registry,
+            )
 
 
 @dataclass
@@ -80,9 +131,19 @@ class NftablesBackend(Backend):
         self._nft: Nft | None = None
         self._families: list[_Family] | None = None
         self.metrics: NftablesMetrics | None = None
+        self.localhost = LocalhostNodePorts(
+            f for f in FAMILIES if self.configs[f].localhost_nodeports
+        )
 
     def register_metrics(self, registry: CollectorRegistry) -> None:
-        self.metrics = NftablesMetrics(registry)
+        self.metrics = NftablesMetrics(registry, bool(self.localhost.families))
+        if self.localhost.families:
+            registry.register(RejectedPackets(self._counters))
+
+    def _counters(self, family: IPFamily) -> dict[str, int]:
+        if self._nft is None:
+            return {}
+        return self._nft.counters(self.configs[family].nft_family, TABLE)
 
     def render(self, state: ProxyState) -> str:
         """The transaction a full sync writes into an empty namespace, per family."""
@@ -156,6 +217,7 @@ class NftablesBackend(Backend):
                 no_local[(policy, fam.family)] = n
             self._clear_conntrack(fam, state, None if full else request.changed)
             fam.last_state = state
+        self._serve_localhost(state, None if did_full else request.changed)
         families = tuple(f.family for f in fams)
         if self.metrics is not None:
             self.metrics.durations.observe(did_full, time.monotonic() - start, families)
@@ -164,6 +226,22 @@ class NftablesBackend(Backend):
             max(0.0, min(pending) + tx.STALE_CHAIN_DELAY - time.monotonic()) if pending else None
         )
         return SyncResult(did_full, families, times[0], times[1], no_local, again)
+
+    def _serve_localhost(
+        self, state: ProxyState, changed: Collection[NamespacedName] | None
+    ) -> None:
+        """Localhost NodePorts' listeners follow the sync; one that cannot bind is logged and
+        counted, never fails the sync (upstream's SyncNodePorts)."""
+        if not self.localhost.families:
+            return
+        self.localhost.update(state, changed)
+        m = self.metrics
+        if m is None or m.listeners is None or m.listener_failures is None:
+            return
+        for family in self.localhost.families:
+            m.listeners.labels(family.value).set(self.localhost.listening(family))
+        for key in self.localhost.failed:
+            m.listener_failures.labels(key.split("/", 1)[0]).inc()
 
     def _sync_family(
         self, nft: Nft, fam: _Family, state: ProxyState, request: SyncRequest, times: list[float]
@@ -222,7 +300,7 @@ class NftablesBackend(Backend):
             raise BackendError(
                 f"cannot list the {fam.cfg.nft_family} {TABLE} table: {err}"
             ) from None
-        text = tx.full(new, fam.mirror, existing["chain"], existing["set"], now)
+        text = tx.full(new, fam.mirror, existing["chain"], existing["set"], now, existing["map"])
         fam.programmed, fam.trusted = new, False
         self._run(nft, fam, text, fresh=new.rule_count() > FRESH_PROCESS_RULES)
         tx.written_after_full(new, fam.mirror)
@@ -253,6 +331,9 @@ class NftablesBackend(Backend):
         if filters:
             n = conntrack.delete(filters, ipv6=fam.family is IPFamily.IPV6)
             log.info("cleared %d stale UDP conntrack entries (%s)", n, fam.family.value)
+
+    def close(self) -> None:
+        self.localhost.close()
 
     # ---- cleanup ----------------------------------------------------------------------------
 

@@ -32,6 +32,21 @@ SERVICE_NODEPORTS = "service-nodeports"
 NO_ENDPOINT_SERVICES = "no-endpoint-services"
 NO_ENDPOINT_NODEPORTS = "no-endpoint-nodeports"
 FIREWALL_IPS = "firewall-ips"
+LOCALHOST_REJECT_MAP = "localhost-nodeport-reject-ports"
+LOCALHOST_PROTOCOLS = ("tcp", "udp", "sctp")
+LOCALHOST_REJECTED = ("udp", "sctp")
+"""Localhost NodePorts (upstream v1.37, KEP-6032): TCP is served by the user-space relay on
+127.0.0.1 / ::1; UDP and SCTP, which it cannot serve, are rejected and counted."""
+
+
+def localhost_reject_chain(proto: str) -> str:
+    return f"localhost-nodeport-reject-{proto}"
+
+
+def localhost_reject_counter(proto: str) -> str:
+    return f"localhost-nodeport-rejected-{proto}"
+
+
 MAPS = (SERVICE_IPS, SERVICE_NODEPORTS, NO_ENDPOINT_SERVICES, NO_ENDPOINT_NODEPORTS, FIREWALL_IPS)
 SETS = (CLUSTER_IPS, HAIRPIN)
 
@@ -59,6 +74,15 @@ class NftConfig:
     @property
     def no_localhost(self) -> str:
         return "ip daddr != 127.0.0.0/8" if self.family is IPFamily.IPV4 else "ip6 daddr != ::1"
+
+    @property
+    def localhost(self) -> str:
+        return "ip daddr 127.0.0.0/8" if self.family is IPFamily.IPV4 else "ip6 daddr ::1"
+
+    @property
+    def localhost_nodeports(self) -> bool:
+        """NodePorts served on loopback too (``--nodeport-addresses`` names it)."""
+        return self.proxy.nodeport_addresses.explicit_loopback(self.family)
 
 
 @dataclass(frozen=True)
@@ -215,6 +239,9 @@ def _node_port_elements(p: _Port, out: ServiceObjects) -> None:
     refusal = p.refusal(False)
     if refusal:
         out.elements.append(Element(NO_ENDPOINT_NODEPORTS, key, refusal, str(p.sp.name)))
+    if p.cfg.localhost_nodeports and p.proto in LOCALHOST_REJECTED:
+        reject = f"goto {localhost_reject_chain(p.proto)}"
+        out.elements.append(Element(LOCALHOST_REJECT_MAP, key, reject))
 
 
 def _hairpin_elements(p: _Port, out: ServiceObjects) -> None:

@@ -10,6 +10,8 @@ from pyproxy.backends.nftables.render import (
     CLUSTER_IPS,
     FIREWALL_IPS,
     HAIRPIN,
+    LOCALHOST_REJECT_MAP,
+    LOCALHOST_REJECTED,
     NO_ENDPOINT_NODEPORTS,
     NO_ENDPOINT_SERVICES,
     NODEPORT_IPS,
@@ -19,6 +21,8 @@ from pyproxy.backends.nftables.render import (
     Element,
     NftConfig,
     NodeFacts,
+    localhost_reject_chain,
+    localhost_reject_counter,
 )
 from pyproxy.model.types import IPFamily, IPNetwork
 
@@ -61,6 +65,7 @@ class Static:
     sets: dict[str, str] = field(default_factory=dict)
     maps: dict[str, str] = field(default_factory=dict)
     elements: list[Element] = field(default_factory=list)
+    counters: list[str] = field(default_factory=list)
     match_all_nodeports: bool = False
     """NodePorts on every local address: the nodeport-ips set must not exist."""
 
@@ -121,6 +126,24 @@ def _check_chains(s: Static, cfg: NftConfig, service_cidrs: tuple[IPNetwork, ...
     _rule(s, "firewall-check", f"{dispatch} @{FIREWALL_IPS}")
 
 
+def _localhost_rejects(s: Static, cfg: NftConfig) -> None:
+    """Upstream v1.37's objects for localhost NodePorts the relay cannot serve (UDP, SCTP):
+    a verdict map from the node-port checks to a counting reject chain per protocol."""
+    comment = "localhost NodePorts rejected by kube-proxy"
+    s.maps[LOCALHOST_REJECT_MAP] = (
+        f'{{ type inet_proto . inet_service : verdict ; comment "{comment}" ; }}'
+    )
+    for proto in LOCALHOST_REJECTED:
+        counter = localhost_reject_counter(proto)
+        s.counters.append(counter)
+        s.chains[localhost_reject_chain(proto)] = ""
+        _rule(s, localhost_reject_chain(proto), f'counter name "{counter}" reject')
+    _rule(
+        s, "nodeport-endpoints-check",
+        f"{cfg.localhost} meta l4proto . th dport vmap @{LOCALHOST_REJECT_MAP}",
+    )  # fmt: skip
+
+
 def _services_chain(s: Static, cfg: NftConfig, node: NodeFacts) -> None:
     ip = cfg.nft_family
     if cfg.proxy.masquerade.all:
@@ -152,6 +175,8 @@ def static_objects(cfg: NftConfig, node: NodeFacts, service_cidrs: tuple[IPNetwo
         s.chains.setdefault(chain, "")
     _containers(s, cfg)
     _check_chains(s, cfg, service_cidrs)
+    if cfg.localhost_nodeports:
+        _localhost_rejects(s, cfg)
     _services_chain(s, cfg, node)
     for ip in nodeport_ips or ():
         if not ip.is_loopback:  # upstream: localhost NodePorts are not supported here

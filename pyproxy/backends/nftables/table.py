@@ -142,6 +142,7 @@ class Rendered:
         s = self.static
         out = [f"{self.prefix('add', 'set')} {n} {d}\n" for n, d in s.sets.items()]
         out += [f"{self.prefix('add', 'map')} {n} {d}\n" for n, d in s.maps.items()]
+        out += [f"{self.prefix('add', 'counter')} {n}\n" for n in s.counters]
         return out + [
             f"{self.prefix('add', 'set')} {n} {d}\n" for n, d in self.affinity_sets().items()
         ]

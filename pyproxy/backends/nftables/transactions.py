@@ -15,7 +15,14 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from pyproxy.backends.nftables import names
-from pyproxy.backends.nftables.render import MAPS, NODEPORT_IPS, SETS, Element
+from pyproxy.backends.nftables.render import (
+    LOCALHOST_PROTOCOLS,
+    LOCALHOST_REJECT_MAP,
+    NODEPORT_IPS,
+    Element,
+    localhost_reject_chain,
+    localhost_reject_counter,
+)
 from pyproxy.backends.nftables.static import BASE_CHAINS
 from pyproxy.backends.nftables.table import ElementKey, ElementValue, Rendered, Updates
 
@@ -63,10 +70,32 @@ def full(
     existing_chains: Collection[str],
     existing_sets: Collection[str],
     now: float,
+    existing_maps: Collection[str] = (),
 ) -> str:
-    """The transaction of a full sync. ``existing_*`` are the table's current chain and set
-    names (listed once per full sync), to find stale ones."""
-    return _final(r, mirror, existing_chains, existing_sets, now, _service_blocks(r))
+    """The transaction of a full sync. ``existing_*`` are the table's current chain, set and
+    map names (listed once per full sync), to find stale ones."""
+    out = _final(r, mirror, existing_chains, existing_sets, now, _service_blocks(r))
+    return out + "".join(_unwanted_localhost_rejects(r, existing_chains, existing_maps))
+
+
+def _unwanted_localhost_rejects(
+    r: Rendered, existing_chains: Collection[str], existing_maps: Collection[str]
+) -> list[str]:
+    """Localhost-NodePort reject objects a run with other flags (or upstream v1.37) left:
+    the map first (its elements use the chains), then each chain and the counter it uses."""
+    out = []
+    if LOCALHOST_REJECT_MAP in existing_maps and LOCALHOST_REJECT_MAP not in r.static.maps:
+        out.append(f"{r.prefix('delete', 'map')} {LOCALHOST_REJECT_MAP}\n")
+    for proto in LOCALHOST_PROTOCOLS:
+        chain, counter = localhost_reject_chain(proto), localhost_reject_counter(proto)
+        if chain in existing_chains and chain not in r.static.chains:
+            out += [f"{r.prefix('flush', 'chain')} {chain}\n"]
+            out += [f"{r.prefix('delete', 'chain')} {chain}\n"]
+            out += [
+                f"{_add(r, 'counter')} {counter}\n",
+                f"{r.prefix('delete', 'counter')} {counter}\n",
+            ]
+    return out
 
 
 def _final(
@@ -87,9 +116,7 @@ def _final(
     stale = sorted(c for c in existing_chains if names.is_service_chain(c) and c not in active)
     out += [f"{r.prefix('flush', 'chain')} {c}\n" for c in stale]
     out += r.static_rule_lines()
-    containers = [(k, n) for k, ns in (("set", SETS), ("map", MAPS)) for n in ns]
-    if not r.static.match_all_nodeports:
-        containers.append(("set", NODEPORT_IPS))
+    containers = [("set", n) for n in r.static.sets] + [("map", n) for n in r.static.maps]
     out += [f"{r.prefix('flush', kind)} {name}\n" for kind, name in containers]
     out += r.element_lines()
     wanted = r.affinity_sets()

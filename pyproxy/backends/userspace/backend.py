@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, Gauge
 
 from pyproxy.backends.base import Backend, BackendError, SyncRequest, SyncResult
-from pyproxy.backends.userspace.relay import PortSpec, Relay
+from pyproxy.backends.relay import PortSpec, Relay
 from pyproxy.backends.xtables.rules import NEW, JumpRule
 from pyproxy.backends.xtables.tables import cleanup_everywhere, ensure_jumps, open_tables
 from pyproxy.config.settings import ProxyConfig

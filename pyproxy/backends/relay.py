@@ -1,4 +1,6 @@
 """The userspace proxy engine: one asyncio listener per service port, relaying to endpoints.
+Shared: userspace mode listens on an ephemeral port behind REDIRECT rules; nftables mode
+serves localhost NodePorts (127.0.0.1 and ::1, TCP) with it.
 
 Per service port: round robin over its endpoints, ClientIP affinity with a timeout, a
 connect timeout with retry on the next endpoint when one refuses or does not answer (as
@@ -19,7 +21,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +37,9 @@ class PortSpec:
     endpoints: tuple[tuple[str, int], ...]
     affinity_seconds: int = 0
     name: str = ""
+    host: str = "0.0.0.0"
+    port: int = 0
+    """Where to listen; port 0 picks a free one."""
 
 
 @dataclass
@@ -82,12 +87,14 @@ class _Listener:
 
     async def start(self) -> None:
         if self.spec.protocol == "tcp":
-            self.server = await asyncio.start_server(self.handle, "0.0.0.0", 0, limit=CHUNK)
+            self.server = await asyncio.start_server(
+                self.handle, self.spec.host, self.spec.port, limit=CHUNK, reuse_address=True
+            )
             self.port = self.server.sockets[0].getsockname()[1]
         else:
             loop = asyncio.get_running_loop()
             transport, _ = await loop.create_datagram_endpoint(
-                lambda: _UdpListener(self), local_addr=("0.0.0.0", 0)
+                lambda: _UdpListener(self), local_addr=(self.spec.host, self.spec.port)
             )
             self.udp = transport
             self.port = transport.get_extra_info("sockname")[1]
@@ -234,6 +241,8 @@ class Relay:
         self.max_connections = max_connections
         self.loop = asyncio.new_event_loop()
         self._listeners: dict[str, _Listener] = {}
+        self.failed: dict[str, str] = {}
+        """Keys the last apply could not listen for, with why."""
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="userspace-relay", daemon=True
         )
@@ -242,25 +251,46 @@ class Relay:
     def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
 
-    def apply(self, specs: dict[str, PortSpec]) -> dict[str, int]:
+    def apply(self, specs: Mapping[str, PortSpec]) -> dict[str, int]:
         """Make the listeners match ``specs`` (key -> spec); returns key -> local port."""
         return dict(self._run(self._apply(specs)))
 
-    async def _apply(self, specs: dict[str, PortSpec]) -> dict[str, int]:
-        for key in list(self._listeners):
-            old = self._listeners[key]
-            if key not in specs or specs[key].protocol != old.spec.protocol:
+    def change(self, delta: Mapping[str, PortSpec | None]) -> None:
+        """Add, update (None: remove) only the listeners named in ``delta``."""
+        self._run(self._change(delta))
+
+    async def _apply(self, specs: Mapping[str, PortSpec]) -> dict[str, int]:
+        delta: dict[str, PortSpec | None] = {k: None for k in self._listeners if k not in specs}
+        delta.update(specs)
+        await self._change(delta)
+        return {k: v.port for k, v in self._listeners.items()}
+
+    async def _change(self, delta: Mapping[str, PortSpec | None]) -> None:
+        """A listener that cannot bind (another program has its address) is left out and
+        named in ``failed``; the others are unaffected."""
+        self.failed = {k: why for k, why in self.failed.items() if k not in delta}
+        for key, spec in delta.items():
+            old = self._listeners.get(key)
+            if old is not None and (
+                spec is None
+                or (spec.protocol, spec.host, spec.port)
+                != (old.spec.protocol, old.spec.host, old.spec.port)
+            ):
                 await old.stop()
                 del self._listeners[key]
-        for key, spec in specs.items():
-            lst = self._listeners.get(key)
-            if lst is None:
-                lst = _Listener(self, spec)
+                old = None
+            if spec is None:
+                continue
+            if old is not None:
+                old.update(spec)  # open connections keep their endpoint
+                continue
+            lst = _Listener(self, spec)
+            try:
                 await lst.start()
-                self._listeners[key] = lst
-            else:
-                lst.update(spec)  # open connections keep their endpoint
-        return {k: v.port for k, v in self._listeners.items()}
+            except OSError as err:
+                self.failed[key] = f"cannot listen on {spec.host} port {spec.port}: {err}"
+                continue
+            self._listeners[key] = lst
 
     def ports(self) -> dict[str, int]:
         return {k: v.port for k, v in self._listeners.items()}
