@@ -87,6 +87,11 @@ class Backend(abc.ABC):
         """True when someone else removed what this backend programmed."""
         return False
 
+    def prepare(self) -> None:  # noqa: B027 - optional hook
+        """Check, before any source starts, that the mode can work on this host: tools,
+        kernel features, a working iptables or nftables back end. BackendUnavailable when no
+        retry could fix it: the daemon then ends at once with that one line (status 1)."""
+
     def register_metrics(self, registry: CollectorRegistry) -> None:  # noqa: B027 - optional
         """Register the metric families this mode owns."""
 

@@ -172,6 +172,7 @@ class Daemon:
             self.cfg.node_name,
             self.cfg.source.manifests or "apiserver",
         )
+        self.backend.prepare()  # a mode that cannot work here ends the process now
         self.health.updated()  # as upstream: healthy while starting up
         self.start_servers()
         self.start_sources()

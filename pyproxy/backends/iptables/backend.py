@@ -141,6 +141,9 @@ class IptablesBackend(Backend):
 
     # ---- sync -----------------------------------------------------------------------------
 
+    def prepare(self) -> None:
+        self._setup()
+
     def _setup(self) -> list[_Family]:
         if self._families is None:
             tables = open_tables(self.proxy.iptables_backend, FAMILIES, self.mode)

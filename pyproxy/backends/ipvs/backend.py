@@ -138,6 +138,9 @@ class IpvsBackend(Backend):
 
     # ---- set-up ---------------------------------------------------------------------------
 
+    def prepare(self) -> None:
+        self._setup()
+
     def _setup(self) -> dict[IPFamily, Iptables]:
         if self._ipt is not None:
             return self._ipt

@@ -159,6 +159,9 @@ class NftablesBackend(Backend):
 
     # ---- set-up ---------------------------------------------------------------------------
 
+    def prepare(self) -> None:
+        self._setup()
+
     def _setup(self) -> tuple[Nft, list[_Family]]:
         if self._nft is None or self._families is None:
             nft = Nft()
