@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 
 LOCK_WAIT_SECONDS = "5"
 BACKENDS = ("nft", "legacy")
+PROBE_CHAIN = "PYPROXY-PROBE"
+"""Created and deleted at once by the start-up check that a back end can write."""
 
 
 class IptablesError(RuntimeError):
@@ -87,6 +89,25 @@ class Iptables:
             return False
         return res.returncode == 0
 
+    def unusable(self) -> str:
+        """Why this tool cannot hold pyproxy's rules here ("" when it can): it must list the
+        nat table and create a chain in the filter and nat tables."""
+        if not self.works():
+            return f"{self._tool()} cannot list the nat table"
+        for table in ("filter", "nat"):
+            try:
+                res = self.run("-t", table, "-N", PROBE_CHAIN, check=False)
+                if res.returncode == 0 or "exists" in res.stderr:
+                    self.run("-t", table, "-X", PROBE_CHAIN, check=False)
+                    continue
+            except (OSError, subprocess.TimeoutExpired) as err:
+                return f"{self._tool()} -t {table} -N: {err}"
+            return (
+                f"{self._tool()} cannot create a chain in the {table} table: "
+                + (res.stderr.strip().splitlines() or ["failed"])[-1]
+            )
+        return ""
+
     def chain_exists(self, table: str, chain: str) -> bool:
         return self.run("-t", table, "-S", chain, "1", check=False).returncode == 0
 
@@ -141,23 +162,36 @@ def _kube_rule_count(ipt: Iptables) -> int:
 
 
 def detect_backend(requested: str = "auto") -> str:
-    """Pick "nft" or "legacy"; raise IptablesError when neither can be used."""
+    """Pick "nft" or "legacy"; raise IptablesError when neither can be used. The back end
+    chosen must also create (and remove) a chain in the filter and nat tables: one that can
+    list but not write (user-mode Linux's nf_tables cannot create the ip filter table) would
+    fail every sync, so auto then takes the other one, saying why. Only the chosen back end
+    is written to."""
     if requested in BACKENDS:
-        if not Iptables(requested).works():
-            raise IptablesError(f"iptables back end {requested!r} is not usable on this host")
+        why = Iptables(requested).unusable()
+        if why:
+            raise IptablesError(f"iptables back end {requested!r} is not usable here: {why}")
         return requested
     if requested != "auto":
         raise IptablesError(f"unknown iptables back end {requested!r} (auto, nft, legacy)")
-    usable = [b for b in BACKENDS if Iptables(b).works()]
-    if not usable:
+    listing = [b for b in BACKENDS if Iptables(b).works()]
+    if not listing:
         raise IptablesError("neither iptables-nft nor iptables-legacy works on this host")
-    if len(usable) == 1:
-        return usable[0]
-    counts = {b: _kube_rule_count(Iptables(b)) for b in usable}
-    if counts["legacy"] > counts["nft"]:
-        log.info("iptables: legacy back end holds existing KUBE- rules; using it")
-        return "legacy"
-    return "nft"
+    if len(listing) > 1:
+        counts = {b: _kube_rule_count(Iptables(b)) for b in listing}
+        if counts["legacy"] > counts["nft"]:
+            log.info("iptables: legacy back end holds existing KUBE- rules; preferring it")
+            listing.reverse()
+    first, *rest = listing
+    why = Iptables(first).unusable()
+    if not why:
+        return first
+    if rest and not (other := Iptables(rest[0]).unusable()):
+        log.warning("iptables: the %s back end cannot be used here (%s); using %s",
+                    first, why, rest[0])  # fmt: skip
+        return rest[0]
+    raise IptablesError(f"no iptables back end can hold pyproxy's rules here: {why}"
+                        + (f"; {other}" if rest else ""))  # fmt: skip
 
 
 def extract_lines(data: str, line: int, context: int = 2) -> str:

@@ -48,8 +48,6 @@ def proxy(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Py
         d.parent / "pyproxy-ipvs.log",
         "--sync-period",
         "2s",
-        "--iptables-backend",
-        "legacy",
         "--metrics-bind-address",
         "127.0.0.1:10249",
         mode="ipvs",
@@ -59,6 +57,17 @@ def proxy(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Py
     finally:
         p.stop()
         print(p.log.read_text()[-3000:])
+
+
+def test_auto_detection_takes_the_back_end_that_can_write(proxy: Pyproxy) -> None:
+    """This guest's nf_tables lists the nat table but cannot create the ip filter table:
+    without --iptables-backend, pyproxy must find that out at start and use legacy (every
+    other test here runs on what it picked)."""
+    log = wait_for(lambda: "ipvs mode: scheduler" in proxy.log.read_text() and
+                   proxy.log.read_text(), what="pyproxy to start")  # fmt: skip
+    assert "iptables: the nft back end cannot be used here (" in log
+    assert "); using legacy" in log
+    assert "ipvs mode: iptables legacy back end for IPv4" in log
 
 
 def ipvsadm(world: World) -> str:
