@@ -136,3 +136,23 @@ def test_intervals_count_from_the_end_of_a_run() -> None:
     r.tick()  # runs 1006 .. 1011
     assert calls == [1000.0, 1006.0]
     assert r.next_due() == 1041.0
+
+
+def test_a_run_that_did_nothing_waits_for_a_request() -> None:
+    """No spinning while the state is incomplete: the next run waits for run()."""
+    clock = Clock()
+    calls: list[float] = []
+
+    def fn() -> bool:
+        calls.append(clock.t)
+        return False
+
+    r = BoundedFrequencyRunner(fn, 1.0, 30.0, clock=clock)
+    r.tick()
+    for _ in range(5):
+        clock.t += 0.1
+        r.tick()
+    assert calls == [1000.0]
+    r.run()
+    r.tick()
+    assert len(calls) == 2 and calls[1] > 1000.4
