@@ -121,20 +121,28 @@ class Iptables:
         """Prepend each (table, chain, args) rule that is missing, in the given order (so
         a later one ends up above an earlier one in the same chain, as repeated
         ``-I chain 1`` would do). Each built-in chain is listed once (``-S``) and a rule
-        counts as present only when a listed line equals it exactly. Returns how many
+        counts as present only when a listed line equals it exactly. The missing ones go in
+        one restore transaction: on the legacy back end every ``iptables`` command reads and
+        rewrites the whole table (26 inserts took 3.2 s at 5,000 services). Returns how many
         rules were inserted."""
         listings: dict[tuple[str, str], set[str]] = {}
-        inserted = 0
+        missing: dict[str, list[str]] = {}
         for table, chain, args in rules:
             if (table, chain) not in listings:
                 res = self.run("-t", table, "-S", chain, check=False)
                 listings[(table, chain)] = set(res.stdout.splitlines())
             line = rule_line(chain, args)
             if line not in listings[(table, chain)]:
-                self.run("-t", table, "-I", chain, "1", *args)
+                missing.setdefault(table, []).append("-I " + line[3:].replace(" ", " 1 ", 1))
                 listings[(table, chain)].add(line)
-                inserted += 1
-        return inserted
+        if missing:
+            self.restore(
+                "".join(
+                    f"*{t}\n" + "\n".join(lines) + "\nCOMMIT\n" for t, lines in missing.items()
+                ),
+                counters=False,
+            )
+        return sum(len(lines) for lines in missing.values())
 
     def delete_rule(self, table: str, chain: str, args: list[str]) -> bool:
         """Delete every copy of a rule; True if one existed."""
