@@ -258,7 +258,10 @@ class ChangeTracker:
             self._eps = m.finish()
         if after:
             self._endpoints[svc] = after
-            if svc not in self._services and svc not in self._warned_orphans:
+            # Before the Services are listed every slice looks orphaned: that is only the
+            # order the lists arrived in (10,000 log lines at start otherwise).
+            listed = "Service" in self._synced_kinds
+            if listed and svc not in self._services and svc not in self._warned_orphans:
                 self._warned_orphans.add(svc)
                 self.skipped["EndpointSlice"] += 1
                 log.info("EndpointSlices for unknown service %s: no rules until it exists", svc)
