@@ -7,8 +7,10 @@ the backend without removing rules, so a restarted pyproxy takes over with traff
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
@@ -166,6 +168,9 @@ class Daemon:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        # SIGQUIT writes every thread's stack to stderr and carries on (a Go daemon such as
+        # upstream's dumps its goroutines on SIGQUIT): where a stuck sync is stuck.
+        faulthandler.register(signal.SIGQUIT, file=sys.stderr, all_threads=True)
         log.info(
             "pyproxy starting: mode=%s node=%s source=%s",
             self.cfg.mode,

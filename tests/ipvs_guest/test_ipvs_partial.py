@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -35,13 +37,14 @@ def world() -> Iterator[World]:
 def proxy(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pyproxy]:
     d = tmp_path_factory.mktemp("partial")
     p = Pyproxy(world, d, d.parent / "pyproxy-ipvs-partial.log", "--sync-period", "1h",
-                "--iptables-backend", "legacy", mode="ipvs").start()  # fmt: skip
+                "--iptables-backend", "legacy", "--log-level", "debug",
+                mode="ipvs").start()  # fmt: skip
     try:
         yield p
     finally:
         p.stop()
         world.exec(world.node, PYPROXY, "cleanup", "--mode=ipvs", check=False)
-        print(p.log.read_text()[-3000:])
+        print(p.log.read_text()[-6000:])
 
 
 def parse_listing(text: str) -> Servers:
@@ -102,8 +105,14 @@ def test_twenty_changes_need_no_full_sync(world: World, proxy: Pyproxy) -> None:
             proxy.remove(name)
         else:
             proxy.write(name, *content)
-        wait_for(lambda b=before: synced(proxy, "partially") > b, what=f"a sync of {name}",
-                 timeout=60)  # fmt: skip
+        try:
+            wait_for(lambda b=before: synced(proxy, "partially") > b, what=f"a sync of {name}",
+                     timeout=60)  # fmt: skip
+        except AssertionError:
+            assert proxy.proc is not None
+            os.kill(proxy.proc.pid, signal.SIGQUIT)  # its threads' stacks, into its log
+            time.sleep(1)
+            raise
     assert synced(proxy, "fully") == 1
     got = kernel(world)
     want = fresh_render(proxy)
