@@ -99,7 +99,7 @@ class ManifestsSource:
         self.sink = sink
         self.interval = interval
         """Seconds between scans when polling (without inotify)."""
-        self._stamps: dict[Path, tuple[int, int]] = {}
+        self._stamps: dict[Path, tuple[int, int, int]] = {}
         self._per_file: dict[Path, dict[ObjKey, Mapping[str, Any]]] = {}
         self._files_of: dict[ObjKey, set[Path]] = {}
         self._current: dict[ObjKey, Mapping[str, Any]] = {}
@@ -116,7 +116,9 @@ class ManifestsSource:
             st = path.stat()
         except OSError:
             return self._forget(path)
-        stamp = (st.st_mtime_ns, st.st_size)
+        # The inode too: a file replaced by rename with the same size in the same second
+        # looks unchanged by mtime alone where mtimes are coarse (hostfs, some NFS servers).
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         if self._stamps.get(path) == stamp:
             return False
         self._stamps[path] = stamp

@@ -145,3 +145,25 @@ def test_filesystem_type_is_the_longest_mount_prefix() -> None:
     assert filesystem_type(Path("/srv/shared dir/x"), MOUNTINFO) == "nfs4"
     assert filesystem_type(Path("/srv/shared dir/local/x"), MOUNTINFO) == "ext4"
     assert filesystem_type(Path("/srv/shared"), MOUNTINFO) == "hostfs"  # a prefix, not a mount
+
+
+def test_a_same_size_replacement_in_the_same_mtime_tick_is_seen(tmp_path: Path) -> None:
+    """Where mtimes are coarse (hostfs, some NFS), a file replaced by rename with the same
+    size and the same mtime must still count as changed: its inode differs."""
+    events: list[Event] = []
+    a = tmp_path / "a.yaml"
+    docs = [endpoint_slice("ns", "web", "web-1", [endpoint("10.1.0.1", node="node-a")],
+                           [port("p", 80)])]  # fmt: skip
+    a.write_text(yaml.safe_dump_all(docs))
+    before = a.stat()
+    src = ManifestsSource(tmp_path, events.append)
+    src.initial()
+    events.clear()
+    tmp = tmp_path / ".a.tmp"
+    docs[0]["endpoints"][0]["nodeName"] = "node-b"  # same length
+    tmp.write_text(yaml.safe_dump_all(docs))
+    os.utime(tmp, ns=(before.st_atime_ns, before.st_mtime_ns))
+    tmp.replace(a)
+    assert a.stat().st_size == before.st_size and a.stat().st_mtime_ns == before.st_mtime_ns
+    assert src.poll() == 1
+    assert events[0].type is EventType.MODIFIED
