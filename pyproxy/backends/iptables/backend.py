@@ -27,7 +27,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Collection
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -42,6 +42,7 @@ from pyproxy.backends.iptables.render import (
     IptablesConfig,
 )
 from pyproxy.backends.iptables.table import Rendered, Renderer, Updates, partial_text
+from pyproxy.backends.local_addresses import with_local_addresses
 from pyproxy.backends.metrics import FAMILY, RestoreFailures, SyncDurations
 from pyproxy.backends.stale_conntrack import stale_filters
 from pyproxy.backends.xtables.rules import KUBE_MARK_MASQ, KUBE_PROXY_CANARY
@@ -53,7 +54,7 @@ from pyproxy.backends.xtables.tables import (
     open_tables,
 )
 from pyproxy.config.settings import ProxyConfig
-from pyproxy.kernel import addresses, conntrack, sysctl
+from pyproxy.kernel import conntrack, sysctl
 from pyproxy.kernel.iptables import Iptables, IptablesError, chains_in_save, extract_lines
 from pyproxy.model.types import IPFamily, NamespacedName, ProxyState
 
@@ -162,22 +163,10 @@ class IptablesBackend(Backend):
             f.programmed is not None and not canary_present(f.ipt) for f in self._families or ()
         )
 
-    def _with_local_addresses(self, state: ProxyState) -> ProxyState:
-        """NodePort CIDRs match this host's interface addresses (upstream's GetNodeIPs):
-        the kernel supplies them to the state, so the render stays pure."""
-        if not self.proxy.nodeport_addresses.needs_local_addresses:
-            return state
-        try:
-            local = tuple(addresses.local_addresses())
-        except Exception as err:  # netlink trouble must not stop the sync
-            log.warning("cannot list local addresses: %s", err)
-            return state
-        return replace(state, node=state.node.with_local_addresses(local))
-
     def sync(self, request: SyncRequest) -> SyncResult:
         start = time.monotonic()
         fams = self._setup()
-        state = self._with_local_addresses(request.state)
+        state = with_local_addresses(request.state, self.proxy)
         times = [0.0, 0.0]  # render, apply
         did_full = False
         no_local: dict[tuple[str, IPFamily], int] = {}

@@ -14,13 +14,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from pyproxy.backends.base import Backend, BackendError, BackendUnavailable, SyncRequest, SyncResult
+from pyproxy.backends.local_addresses import with_local_addresses
 from pyproxy.backends.metrics import FAMILY, SyncDurations
 from pyproxy.backends.nftables import transactions as tx
 from pyproxy.backends.nftables.localhost import LocalhostNodePorts
@@ -33,7 +34,7 @@ from pyproxy.backends.nftables.render import (
 from pyproxy.backends.nftables.table import Rendered, Renderer, Updates
 from pyproxy.backends.stale_conntrack import stale_filters
 from pyproxy.config.settings import ProxyConfig
-from pyproxy.kernel import addresses, conntrack
+from pyproxy.kernel import conntrack
 from pyproxy.kernel.nft import Nft, NftError
 from pyproxy.model.types import IPFamily, NamespacedName, ProxyState
 
@@ -195,20 +196,10 @@ class NftablesBackend(Backend):
 
     # ---- sync -------------------------------------------------------------------------------
 
-    def _with_local_addresses(self, state: ProxyState) -> ProxyState:
-        if not self.proxy.nodeport_addresses.needs_local_addresses:
-            return state
-        try:
-            local = tuple(addresses.local_addresses())
-        except Exception as err:  # netlink trouble must not stop the sync
-            log.warning("cannot list local addresses: %s", err)
-            return state
-        return replace(state, node=state.node.with_local_addresses(local))
-
     def sync(self, request: SyncRequest) -> SyncResult:
         start = time.monotonic()
         nft, fams = self._setup()
-        state = self._with_local_addresses(request.state)
+        state = with_local_addresses(request.state, self.proxy)
         times = [0.0, 0.0]
         did_full = False
         no_local: dict[tuple[str, IPFamily], int] = {}
