@@ -39,3 +39,7 @@ def setup_logging(level: str, fmt: str, verbosity: int | None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(lvl)
+    # Libraries stay at INFO: pyroute2's debug output is every netlink message, which buries
+    # pyproxy's own debug lines.
+    for name in ("pyroute2", "urllib3", "kubernetes", "watchdog"):
+        logging.getLogger(name).setLevel(max(lvl, logging.INFO))

@@ -44,7 +44,7 @@ def proxy(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Py
     finally:
         p.stop()
         world.exec(world.node, PYPROXY, "cleanup", "--mode=ipvs", check=False)
-        print(p.log.read_text()[-6000:])
+        print(p.log.read_text()[-8000:])
 
 
 def parse_listing(text: str) -> Servers:
