@@ -11,6 +11,7 @@ import errno
 import json
 import random
 import socket
+import time
 from collections import Counter, defaultdict
 
 _used: set[int] = set()
@@ -38,11 +39,14 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=2.0)
     ap.add_argument("--sport", type=int, default=0, help="fixed source port (UDP)")
+    ap.add_argument("--interval", type=float, default=0.0, help="seconds between requests")
     args = ap.parse_args()
     replies: Counter[str] = Counter()
     errors: Counter[str] = Counter()
     sources: dict[str, set[str]] = defaultdict(set)
-    for _ in range(min(args.count, 5000)):
+    for i in range(min(args.count, 5000)):
+        if args.interval and i:
+            time.sleep(args.interval)
         try:
             if args.proto == "tcp":
                 with socket.create_connection((args.host, args.port), timeout=args.timeout) as s:
