@@ -100,6 +100,12 @@ class ChangeTracker:
         self._warned_orphans: set[NamespacedName] = set()
         self.skipped: Counter[str] = Counter()
         self.on_change: Callable[[], None] | None = None
+        self._handlers: dict[str, Callable[[Mapping[str, Any], bool], bool]] = {
+            "Service": self._on_service,
+            "EndpointSlice": self._on_slice,
+            "Node": self._on_node,
+            "ServiceCIDR": self._on_service_cidr,
+        }
 
     # ---- input side -------------------------------------------------------------------
 
@@ -128,16 +134,19 @@ class ChangeTracker:
         if event.type is EventType.REPLACE:
             return self._replace_locked(event.kind, event.objects)
         deleted = event.type is EventType.DELETED
-        if event.kind == "Service":
-            return self._on_service(event.obj, deleted)
-        if event.kind == "EndpointSlice":
-            return self._on_slice(event.obj, deleted)
-        if event.kind == "Node":
-            return self._on_node(event.obj, deleted)
-        if event.kind == "ServiceCIDR":
-            return self._on_service_cidr(event.obj, deleted)
-        log.warning("ignoring event for unknown kind %r", event.kind)
-        return False
+        handler = self._handlers.get(event.kind)
+        if handler is None:
+            log.warning("ignoring event for unknown kind %r", event.kind)
+            return False
+        try:
+            return handler(event.obj, deleted)
+        except (TypeError, AttributeError, KeyError, IndexError, ValueError) as err:
+            # A field of a type the conversion does not expect (found by generated objects,
+            # tests/unit/test_bad_objects.py). Conversion runs before any state changes, so
+            # skipping the object leaves the state as it was.
+            ref = convert.object_ref(event.obj) if isinstance(event.obj, Mapping) else "?"
+            self._skip(convert.BadObject(event.kind, ref, f"malformed ({type(err).__name__})"))
+            return False
 
     def _replace_locked(self, kind: str, objects: Sequence[Mapping[str, Any]]) -> bool:
         changed = False
