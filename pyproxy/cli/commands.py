@@ -220,7 +220,7 @@ def status(iptables_backend: str) -> None:
 
     setup_logging("warning", "text", None)
     try:
-        ipt = Iptables(detect_backend(iptables_backend))
+        ipt = Iptables(detect_backend(iptables_backend, writes=False))
     except IptablesError as err:
         raise BackendUnavailable(str(err)) from None
     click.echo(report(read(ipt)), nl=False)

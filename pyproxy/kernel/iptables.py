@@ -169,14 +169,21 @@ def _kube_rule_count(ipt: Iptables) -> int:
     return sum(1 for line in text.splitlines() if "KUBE-" in line)
 
 
-def detect_backend(requested: str = "auto") -> str:
-    """Pick "nft" or "legacy"; raise IptablesError when neither can be used. The back end
-    chosen must also create (and remove) a chain in the filter and nat tables: one that can
-    list but not write (user-mode Linux's nf_tables cannot create the ip filter table) would
-    fail every sync, so auto then takes the other one, saying why. Only the chosen back end
-    is written to."""
+def detect_backend(requested: str = "auto", writes: bool = True) -> str:
+    """Pick "nft" or "legacy"; raise IptablesError when neither can be used. For a daemon
+    (``writes``) the back end chosen must also create (and remove) a chain in the filter and
+    nat tables: one that can list but not write (user-mode Linux's nf_tables cannot create
+    the ip filter table) would fail every sync, so auto then takes the other one, saying why.
+    Only the chosen back end is written to; a read-only tool writes nothing."""
+
+    def unusable(backend: str) -> str:
+        ipt = Iptables(backend)
+        if writes:
+            return ipt.unusable()
+        return "" if ipt.works() else f"{ipt._tool()} cannot list the nat table"
+
     if requested in BACKENDS:
-        why = Iptables(requested).unusable()
+        why = unusable(requested)
         if why:
             raise IptablesError(f"iptables back end {requested!r} is not usable here: {why}")
         return requested
@@ -191,10 +198,10 @@ def detect_backend(requested: str = "auto") -> str:
             log.info("iptables: legacy back end holds existing KUBE- rules; preferring it")
             listing.reverse()
     first, *rest = listing
-    why = Iptables(first).unusable()
+    why = unusable(first)
     if not why:
         return first
-    if rest and not (other := Iptables(rest[0]).unusable()):
+    if rest and not (other := unusable(rest[0])):
         log.warning("iptables: the %s back end cannot be used here (%s); using %s",
                     first, why, rest[0])  # fmt: skip
         return rest[0]
