@@ -89,11 +89,15 @@ class Iptables:
             return False
         return res.returncode == 0
 
-    def unusable(self) -> str:
+    def unusable(self, writes: bool = True) -> str:
         """Why this tool cannot hold pyproxy's rules here ("" when it can): it must list the
-        nat table and create a chain in the filter and nat tables."""
+        nat table and (``writes``) create a chain in the filter and nat tables."""
         if not self.works():
             return f"{self._tool()} cannot list the nat table"
+        return self.write_problem() if writes else ""
+
+    def write_problem(self) -> str:
+        """Why a chain cannot be created in the filter or nat table ("" when it can)."""
         for table in ("filter", "nat"):
             try:
                 res = self.run("-t", table, "-N", PROBE_CHAIN, check=False)
@@ -175,15 +179,8 @@ def detect_backend(requested: str = "auto", writes: bool = True) -> str:
     nat tables: one that can list but not write (user-mode Linux's nf_tables cannot create
     the ip filter table) would fail every sync, so auto then takes the other one, saying why.
     Only the chosen back end is written to; a read-only tool writes nothing."""
-
-    def unusable(backend: str) -> str:
-        ipt = Iptables(backend)
-        if writes:
-            return ipt.unusable()
-        return "" if ipt.works() else f"{ipt._tool()} cannot list the nat table"
-
     if requested in BACKENDS:
-        why = unusable(requested)
+        why = Iptables(requested).unusable(writes)
         if why:
             raise IptablesError(f"iptables back end {requested!r} is not usable here: {why}")
         return requested
@@ -197,11 +194,10 @@ def detect_backend(requested: str = "auto", writes: bool = True) -> str:
         if counts["legacy"] > counts["nft"]:
             log.info("iptables: legacy back end holds existing KUBE- rules; preferring it")
             listing.reverse()
-    first, *rest = listing
-    why = unusable(first)
-    if not why:
+    first, *rest = listing  # each lists the nat table; a daemon needs one that can write
+    if not writes or not (why := Iptables(first).write_problem()):
         return first
-    if rest and not (other := unusable(rest[0])):
+    if rest and not (other := Iptables(rest[0]).write_problem()):
         log.warning("iptables: the %s back end cannot be used here (%s); using %s",
                     first, why, rest[0])  # fmt: skip
         return rest[0]

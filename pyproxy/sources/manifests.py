@@ -4,7 +4,7 @@ Changes are learnt from inotify through ``watchdog``, whose watch is in place be
 first scan, so nothing written in between is missed; where inotify is unavailable (no free
 inotify instance) or unreliable (network and host-shared filesystems, where it misses writes:
 NFS, CIFS, 9p, virtiofs, FUSE, user-mode Linux's hostfs) the directory is polled instead,
-comparing each file's mtime and size. Either way only the files that changed
+comparing each file's inode, mtime and size. Either way only the files that changed
 are read again (with libyaml's C loader when PyYAML has it), and only their objects are
 compared, so a one-object edit costs one file, not the directory. A file that fails to parse
 keeps its previous objects, so saving a half-written file never drops rules; the error is
