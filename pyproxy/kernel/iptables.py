@@ -65,7 +65,10 @@ class Iptables:
         if res.returncode != 0:
             # One line for the log: the tool's banner line carries no information.
             lines = [ln.strip() for ln in res.stderr.splitlines() if ln.strip()]
-            err = "; ".join(ln for ln in lines if not ln.endswith("(nf_tables):")) or "failed"
+            err = "; ".join(ln for ln in lines if not ln.endswith("(nf_tables):"))
+            if not err:
+                rc = res.returncode
+                err = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
             m = re.search(r"line:? (\d+)", err)
             raise IptablesError(
                 f"{self._tool('-restore')} failed: {err}", int(m.group(1)) if m else None

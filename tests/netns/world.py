@@ -224,14 +224,19 @@ class World:
         stdout: Any = subprocess.PIPE,
         stderr: Any = subprocess.DEVNULL,
         stdin: Any = None,
+        prefix: Sequence[str] = (),
+        env: dict[str, str] | None = None,
     ) -> subprocess.Popen[str]:
+        """Run ``cmd`` in ``ns``; ``prefix`` wraps the ``ip netns exec`` (a private mount
+        namespace, say) and ``env`` replaces the environment."""
         p = subprocess.Popen(
-            ["ip", "netns", "exec", ns, *cmd],
+            [*prefix, "ip", "netns", "exec", ns, *cmd],
             stdout=stdout,
             stderr=stderr,
             stdin=stdin,
             text=True,
             start_new_session=True,
+            env=env,
         )
         self.procs.append(p)
         return p
@@ -325,6 +330,8 @@ class Pyproxy:
             *extra,
         ]
         self.proc: subprocess.Popen[str] | None = None
+        self.prefix: Sequence[str] = ()
+        self.env: dict[str, str] | None = None
 
     def start(self) -> Pyproxy:
         self.proc = self.world.spawn(
@@ -333,6 +340,8 @@ class Pyproxy:
             *self.args,
             stdout=self.log.open("a"),
             stderr=subprocess.STDOUT,
+            prefix=self.prefix,
+            env=self.env,
         )
         return self
 

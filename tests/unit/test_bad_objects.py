@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from pyproxy.model.events import Event, EventType
 from pyproxy.sync.tracker import ChangeTracker
+from tests.bad_objects import bad_object, generate
 from tests.helpers import endpoint, endpoint_slice, node, port, service, tracker_with
 
 NODE = "node-a"
@@ -98,3 +99,20 @@ def test_every_bad_object_is_counted() -> None:
     bad_slice["endpoints"] = True
     t.apply(Event("EndpointSlice", EventType.ADDED, bad_slice))
     assert t.skipped["Service"] == 1 and t.skipped["EndpointSlice"] == 1
+
+
+@settings(max_examples=400, deadline=None)
+@given(bad_object())
+def test_every_object_bad_by_construction_is_skipped_once(obj: dict) -> None:
+    goods = [o for i in range(3) for o in good(i)]
+    expected = tracker_with(NODE, node(NODE), *goods).current_state()
+    t = tracker_with(NODE, node(NODE), *goods)
+    t.apply(Event(obj["kind"], EventType.ADDED, obj))
+    assert t.skipped == {obj["kind"]: 1}, obj
+    got = t.current_state()
+    assert got.services == expected.services and got.endpoints == expected.endpoints
+
+
+def test_generate_names_each_object() -> None:
+    objs = generate(50)
+    assert len({(o["kind"], o["metadata"]["name"]) for o in objs}) == 50
