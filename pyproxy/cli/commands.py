@@ -49,6 +49,13 @@ def _opt(name: str, *decls: str, help: str, **kw: Any) -> Decorator:
     return click.option(*names, name, default=_default(name), help=help, **kw)
 
 
+def _bool_opt(name: str, help: str) -> Decorator:
+    """A boolean flag as upstream's (Go) flags take it: ``--flag``, ``--flag=true`` or
+    ``--flag=false`` (the form its documentation and DaemonSets use)."""
+    return _opt(name, type=click.BOOL, is_flag=False, flag_value=True, show_default=True,
+                metavar="[=true|false]", help=help)  # fmt: skip
+
+
 def _mode_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return _opt(
         "mode", "--mode", type=click.Choice(MODES), show_default=True, help="Proxy backend."
@@ -71,7 +78,7 @@ RULE_OPTIONS: tuple[Decorator, ...] = (
         show_default=True,
         help="How pod traffic is recognised: --cluster-cidr, or the Node's spec.podCIDRs.",
     ),
-    _opt("masquerade_all", is_flag=True, help="SNAT all traffic sent to cluster IPs."),
+    _bool_opt("masquerade_all", help="SNAT all traffic sent to cluster IPs."),
     _opt(
         "masquerade_bit",
         type=int,
@@ -83,12 +90,7 @@ RULE_OPTIONS: tuple[Decorator, ...] = (
         help="CIDRs, 'primary' (the Node's IPs) or 'localhost' that accept NodePorts; "
         "default: every local address (nftables mode: primary).",
     ),
-    _opt(
-        "localhost_nodeports",
-        "--iptables-localhost-nodeports/--no-iptables-localhost-nodeports",
-        show_default=True,
-        help="Accept NodePort connections to 127.0.0.1 (IPv4).",
-    ),
+    _bool_opt("localhost_nodeports", help="Accept NodePort connections to 127.0.0.1 (IPv4)."),
     _opt(
         "iptables_backend",
         type=click.Choice(IPTABLES_BACKENDS),
@@ -138,7 +140,7 @@ def load_manifest_state(directory: Path, node: str) -> ProxyState:
 @_opt("min_sync_period", "--iptables-min-sync-period", help="Minimum interval between syncs.")
 @_opt("sync_period", "--iptables-sync-period", help="Maximum interval between syncs.")
 @_opt("ipvs_scheduler", help="IPVS scheduler.")
-@_opt("ipvs_strict_arp", is_flag=True, help="Set arp_ignore=1 and arp_announce=2 (ipvs mode).")
+@_bool_opt("ipvs_strict_arp", help="Set arp_ignore=1 and arp_announce=2 (ipvs mode).")
 @_opt("metrics_bind_address", help="host:port for /metrics; empty disables it.")
 @_opt("healthz_bind_address", help="host:port for /healthz and /livez; empty disables it.")
 @click.option("--v", "verbosity", type=int, default=None, help="klog-style verbosity (4+ = debug).")

@@ -19,14 +19,13 @@ def get(name: str) -> str | None:
         return None
 
 
-def ensure(name: str, value: str) -> bool:
-    """Set ``name`` to ``value`` if needed; False (and a log line) if it cannot be set."""
+def ensure(name: str, value: str) -> str:
+    """Set ``name`` to ``value`` if needed; returns why it could not be set ("" when set)."""
     if get(name) == value:
-        return True
+        return ""
     try:
         _path(name).write_text(value)
     except OSError as err:
-        log.error("cannot set sysctl %s=%s: %s", name, value, err)
-        return False
+        return f"cannot set sysctl {name}={value}: {err.strerror or err}"
     log.info("set sysctl %s=%s", name, value)
-    return True
+    return ""

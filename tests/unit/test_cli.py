@@ -121,3 +121,27 @@ def test_write_config_to(tmp_path: Path) -> None:
     assert run("--write-config-to", str(out)).returncode == 0
     text = out.read_text()
     assert "kind: KubeProxyConfiguration" in text and "minSyncPeriod: 1s" in text
+
+
+NODEPORTS_NOT_LOCALHOST = (
+    '-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be '
+    'the last rule in this chain" -m addrtype --dst-type LOCAL ! -d 127.0.0.0/8 -j KUBE-NODEPORTS'
+)
+
+
+@pytest.mark.parametrize(
+    ("flags", "localhost"),
+    [
+        ([], True),
+        (["--iptables-localhost-nodeports"], True),
+        (["--iptables-localhost-nodeports=true"], True),
+        (["--iptables-localhost-nodeports=false"], False),
+    ],
+)
+def test_boolean_flags_take_upstreams_forms(flags: list[str], localhost: bool) -> None:
+    """Boolean flags as Go's flag package takes them (``--flag=false`` is how DaemonSets turn
+    upstream's localhost NodePorts off)."""
+    res = run("render", "--manifests", str(ROOT / "examples"), "--hostname-override", "node-a",
+              *flags)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert (NODEPORTS_NOT_LOCALHOST in res.stdout.splitlines()) is not localhost

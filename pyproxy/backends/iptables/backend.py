@@ -31,7 +31,12 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from pyproxy.backends.base import Backend, BackendError, SyncRequest, SyncResult
+from pyproxy.backends.base import (
+    Backend,
+    BackendError,
+    SyncRequest,
+    SyncResult,
+)
 from pyproxy.backends.iptables import names
 from pyproxy.backends.iptables.render import (
     FILTER_TOP,
@@ -45,6 +50,7 @@ from pyproxy.backends.iptables.table import Rendered, Renderer, Updates, partial
 from pyproxy.backends.local_addresses import with_local_addresses
 from pyproxy.backends.metrics import FAMILY, RestoreFailures, SyncDurations
 from pyproxy.backends.stale_conntrack import stale_filters
+from pyproxy.backends.sysctls import require_sysctls
 from pyproxy.backends.xtables.rules import KUBE_MARK_MASQ, KUBE_PROXY_CANARY
 from pyproxy.backends.xtables.tables import (
     canary_present,
@@ -54,7 +60,7 @@ from pyproxy.backends.xtables.tables import (
     open_tables,
 )
 from pyproxy.config.settings import ProxyConfig
-from pyproxy.kernel import conntrack, sysctl
+from pyproxy.kernel import conntrack
 from pyproxy.kernel.iptables import Iptables, IptablesError, chains_in_save, extract_lines
 from pyproxy.model.types import IPFamily, NamespacedName, ProxyState
 
@@ -153,7 +159,9 @@ class IptablesBackend(Backend):
                 for f, ipt in tables.items()
             ]
             if self.configs[IPFamily.IPV4].localhost_enabled and IPFamily.IPV4 in tables:
-                sysctl.ensure("net.ipv4.conf.all.route_localnet", "1")
+                require_sysctls([("net.ipv4.conf.all.route_localnet", "1")],
+                                "NodePorts on localhost",
+                                "pass --iptables-localhost-nodeports=false")  # fmt: skip
         return self._families
 
     def drifted(self) -> bool:

@@ -35,10 +35,11 @@ from pyproxy.backends.ipvs.render import (
 from pyproxy.backends.ipvs.table import Delta, Table, render
 from pyproxy.backends.metrics import FAMILY, RestoreFailures
 from pyproxy.backends.stale_conntrack import stale_filters
+from pyproxy.backends.sysctls import require_sysctls
 from pyproxy.backends.xtables.rules import KUBE_MARK_MASQ
 from pyproxy.backends.xtables.tables import cleanup_everywhere, ensure_jumps, open_tables
 from pyproxy.config.settings import ProxyConfig
-from pyproxy.kernel import addresses, conntrack, sysctl
+from pyproxy.kernel import addresses, conntrack
 from pyproxy.kernel import ipvs as kipvs
 from pyproxy.kernel.iptables import Iptables, IptablesError
 from pyproxy.model.types import IPFamily, ProxyState
@@ -153,9 +154,7 @@ class IpvsBackend(Backend):
             raise BackendUnavailable(
                 f"--ipvs-scheduler={scheduler}: this kernel has no ip_vs_{scheduler} module"
             )
-        for name, value in SYSCTLS + (STRICT_ARP if self.proxy.ipvs_strict_arp else ()):
-            if not sysctl.ensure(name, value):
-                log.error("ipvs mode needs sysctl %s=%s and could not set it", name, value)
+        require_sysctls(SYSCTLS + (STRICT_ARP if self.proxy.ipvs_strict_arp else ()), "ipvs mode")
         tables = open_tables(self.proxy.iptables_backend, FAMILIES, self.mode)
         kipvs.ensure_dummy(DUMMY)
         log.info("ipvs mode: scheduler %s", scheduler)

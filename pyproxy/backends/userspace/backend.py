@@ -159,12 +159,20 @@ class UserspaceBackend(Backend):
             state, None
         )
 
+    def prepare(self) -> None:
+        self._tables()
+
+    def _tables(self) -> Iptables:
+        """The IPv4 iptables the REDIRECT rules go to; BackendUnavailable when none can be
+        written here (the daemon then ends at start, as the other modes do)."""
+        if self._ipt is None:
+            tables = open_tables(self.proxy.iptables_backend, (IPFamily.IPV4,), self.mode)
+            self._ipt = tables[IPFamily.IPV4]
+        return self._ipt
+
     def sync(self, request: SyncRequest) -> SyncResult:
         t0 = time.monotonic()
-        if self._ipt is None:
-            self._ipt = open_tables(self.proxy.iptables_backend, (IPFamily.IPV4,), self.mode)[
-                IPFamily.IPV4
-            ]
+        ipt = self._tables()
         for sp in request.state.services.values():
             if sp.protocol is Protocol.SCTP and str(sp.name) not in self._warned_sctp:
                 self._warned_sctp.add(str(sp.name))
@@ -174,12 +182,12 @@ class UserspaceBackend(Backend):
         text = render_rules(request.state, ports)
         t1 = time.monotonic()
         try:
-            self._ipt.restore(text)
+            ipt.restore(text)
         except IptablesError as err:
             raise BackendError(f"iptables-restore failed: {err}") from None
         if request.full:
             declared = {("nat", c) for c in NAT_CHAINS} | {("filter", c) for c in FILTER_CHAINS}
-            ensure_jumps(self._ipt, JUMPS, declared)
+            ensure_jumps(ipt, JUMPS, declared)
         if self._listeners is not None:
             self._listeners.set(len(ports))
         return SyncResult(
