@@ -1,23 +1,32 @@
-# pyproxy image: a slim Debian-based Python with the netfilter tools from the distribution.
-# BASE selects the base image: the public python:3.11-slim-bookworm by default; on machines
-# that cannot pull, tests/image/build.sh makes a local one from Debian's packages.
+# pyproxy image: only what the daemon runs, on scratch (deploy/image_rootfs.py picks it).
+# BASE selects the build stage's base: the public python:3.11-slim-bookworm by default; on
+# machines that cannot pull, tests/image/build.sh makes a local one from Debian's packages.
 ARG BASE=python:3.11-slim-bookworm
 
-# Every dependency is pure Python or ships a wheel: the build stage needs no compiler.
+# Every dependency is pure Python or ships a wheel: no compiler in any stage.
 FROM ${BASE} AS build
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      iptables nftables libnftables1 conntrack kmod libc-bin \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY pyproxy ./pyproxy
+COPY deploy/image_rootfs.py ./
+# The kubernetes client's asyncio half (kubernetes.aio, aiohttp and its helpers: 80 MB) is
+# never imported by pyproxy; pip and setuptools are not needed at run time.
 RUN python3 -m venv /opt/pyproxy \
  && /opt/pyproxy/bin/pip install --no-cache-dir --upgrade pip \
- && /opt/pyproxy/bin/pip install --no-cache-dir .
+ && /opt/pyproxy/bin/pip install --no-cache-dir . \
+ && /opt/pyproxy/bin/pip uninstall -y -q aiohttp aiohttp-retry aiosignal aiohappyeyeballs \
+      frozenlist multidict yarl propcache attrs \
+ && rm -rf /opt/pyproxy/lib/python3.*/site-packages/kubernetes/aio \
+ && /opt/pyproxy/bin/pip uninstall -y -q pip setuptools \
+ && /opt/pyproxy/bin/python -c "import pyproxy.cli.daemon, pyproxy.sources.apiserver" \
+ && python3 image_rootfs.py /opt/pyproxy /rootfs
 
-FROM ${BASE}
-RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      iptables ipset conntrack nftables iproute2 kmod \
- && rm -rf /var/lib/apt/lists/*
-COPY --from=build /opt/pyproxy /opt/pyproxy
-ENV PATH=/opt/pyproxy/bin:$PATH
-ENTRYPOINT ["pyproxy"]
+FROM scratch
+COPY --from=build /rootfs /
+ENV PATH=/opt/pyproxy/bin:/usr/sbin:/usr/bin
+ENTRYPOINT ["/opt/pyproxy/bin/pyproxy"]
 CMD ["--help"]

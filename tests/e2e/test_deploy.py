@@ -31,6 +31,46 @@ def test_every_deploy_object_passes_server_side_dry_run(kube: Kube) -> None:
     assert pod["hostNetwork"] is True and pod["serviceAccountName"] == "pyproxy"
     assert pod["containers"][0]["livenessProbe"]["httpGet"]["path"] == "/livez"
     assert pod["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    # Least privilege (measured by tests/image/test_image.py): not privileged, read-only root.
+    sc = pod["containers"][0]["securityContext"]
+    assert "privileged" not in sc and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN", "NET_RAW"]}
+
+
+DS = "/apis/apps/v1/namespaces/kube-system/daemonsets/pyproxy"
+
+
+def test_privileged_variant_changes_only_what_it_names(kube: Kube) -> None:
+    """deploy/privileged/ patches the DaemonSet (kustomize's strategic merge, done here by the
+    API server with a dry run) to privileged with /lib/modules and localhost NodePorts on; the
+    rest of the base stays."""
+    kustomization = yaml.safe_load((DEPLOY / "privileged" / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == [".."]
+    patches = [DEPLOY / "privileged" / p["path"] for p in kustomization["patches"]]
+    assert [p.name for p in patches] == ["daemonset-privileged.yaml"]
+    kube.apply_files(DEPLOY / "daemonset.yaml")
+    try:
+        code, ds = kube.c.request(
+            "PATCH", DS + "?dryRun=All", yaml.safe_load(patches[0].read_text()),
+            content_type="application/strategic-merge-patch+json",
+        )  # fmt: skip
+        assert code == 200, ds.get("message", ds)
+    finally:
+        kube.delete(DS)
+    pod = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["securityContext"]["privileged"] is True
+    assert c["securityContext"]["capabilities"] == {
+        "drop": ["ALL"],
+        "add": ["NET_ADMIN", "NET_RAW"],
+    }
+    assert c["args"] == ["--config=/etc/pyproxy/config.yaml", "--hostname-override=$(NODE_NAME)",
+                         "--iptables-localhost-nodeports=true"]  # fmt: skip
+    assert {"name": "lib-modules", "mountPath": "/lib/modules", "readOnly": True} in c[
+        "volumeMounts"
+    ]
+    assert {v["name"] for v in pod["volumes"]} == {"config", "xtables-lock", "lib-modules"}
+    assert c["livenessProbe"]["httpGet"]["path"] == "/livez"
 
 
 def test_configmap_config_is_accepted_by_pyproxy(tmp_path: Path) -> None:

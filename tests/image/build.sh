@@ -39,7 +39,14 @@ if ! buildah "${STORE[@]}" inspect --type image "$BASE" >/dev/null 2>&1; then
   buildah "${STORE[@]}" rm "$ctr" >/dev/null
 fi
 log "building $IMAGE from Dockerfile (BASE=$BASE)"
-buildah "${STORE[@]}" build --isolation chroot --network host --layers=false \
-  --build-arg "BASE=$BASE" -t "$IMAGE" -f Dockerfile . 2>&1 | grep -E '^(STEP|COMMIT|Successfully)|error' || true
-buildah "${STORE[@]}" inspect --type image "$IMAGE" >/dev/null
+buildlog=$(mktemp /tmp/pyproxy-image-build.XXXXXX)
+if ! buildah "${STORE[@]}" build --isolation chroot --network host --layers=false \
+  --build-arg "BASE=$BASE" -t "$IMAGE" -f Dockerfile . >"$buildlog" 2>&1; then
+  tail -30 "$buildlog"; echo "image build failed (log: $buildlog)" >&2; exit 1
+fi
+grep -E '^(STEP|COMMIT)' "$buildlog" || true
+rm -f "$buildlog"
+# Each build leaves the previous image untagged: remove those, or the vfs store grows by
+# the image's size with every build.
+buildah "${STORE[@]}" images --filter dangling=true -q | xargs -r buildah "${STORE[@]}" rmi >/dev/null 2>&1 || true
 log "built $IMAGE ($(buildah "${STORE[@]}" images --format '{{.Size}}' "$IMAGE" | head -1))"
