@@ -153,8 +153,9 @@ class Daemon:
                 log.exception("canary check failed")
                 continue
             if drifted:
-                log.warning("the canary is gone (tables flushed or edited): syncing fully")
-                self.syncer.request_full("canary gone")
+                log.warning("pyproxy's rules were flushed or edited by another program: "
+                            "syncing fully")  # fmt: skip
+                self.syncer.request_full("rules changed by another program")
                 self.runner.run()
 
     def shutdown(self, *_: object) -> None:

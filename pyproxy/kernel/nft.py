@@ -19,10 +19,17 @@ import shutil
 import subprocess
 import threading
 
-from pyroute2.netlink import nla
+from pyroute2.netlink import NLM_F_REQUEST, nla
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.nfnetlink import NFNL_SUBSYS_NFTABLES, nfgen_msg
-from pyroute2.netlink.nfnetlink.nftsocket import NFT_MSG_GETOBJ, NFT_MSG_NEWOBJ
+from pyroute2.netlink.nfnetlink.nftsocket import (
+    NFT_MSG_GETGEN,
+    NFT_MSG_GETOBJ,
+    NFT_MSG_NEWGEN,
+    NFT_MSG_NEWOBJ,
+    NFTSocket,
+    nft_gen_msg,
+)
 from pyroute2.nftables.main import NFTables
 
 log = logging.getLogger(__name__)
@@ -181,3 +188,16 @@ class Nft:
             (FAMILIES.get(m["nfgen_family"], str(m["nfgen_family"])), m.get_attr("NFTA_TABLE_NAME"))
             for m in msgs
         }
+
+
+def generation() -> int | None:
+    """The nf_tables ruleset generation of this network namespace: every committed write to any
+    table (nft, iptables-nft, any program) moves it, and reading does not. None when it cannot
+    be read. One netlink round trip."""
+    try:
+        with NFTSocket(nfgen_family=0) as sock:
+            sock.register_policy({NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_NEWGEN: nft_gen_msg})
+            msgs = sock.request_get(nft_gen_msg(), NFT_MSG_GETGEN, msg_flags=NLM_F_REQUEST)
+            return next((int(m.get_attr("NFTA_GEN_ID")) for m in msgs), None)
+    except (NetlinkError, OSError):
+        return None

@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import re
+import shlex
 import subprocess
 import time
 from collections.abc import Iterator
@@ -192,3 +193,37 @@ def test_10000_malformed_objects_beside_100_good(
         m, "pyproxy_skipped_objects", '{kind="EndpointSlice"}'
     ) == len(bad)
     assert proxy.proc is not None and proxy.proc.poll() is None
+
+
+@pytest.mark.parametrize("backend", ["nft", "legacy"])
+def test_one_deleted_rule_is_put_back(
+    world: World, manifests: Path, tmp_path: Path, cleanup: list[Pyproxy], backend: str
+) -> None:
+    """Another program deletes one of pyproxy's rules (the canary stays): the drift check on
+    the canary's timer sees it and a full sync puts it back. Periodic syncs are partial and
+    write nothing, so they cannot be what repairs it."""
+    period = 3
+    proxy = Pyproxy(world, manifests, tmp_path / "pyproxy.log", "--iptables-backend", backend,
+                    "--sync-period", f"{period}s")  # fmt: skip
+    cleanup.append(proxy.start())
+    proxy.write("e", *manifest_objects(world, svc("e", "10.96.42.1", [HTTP]), pods(world, 1, 2),
+                                       HTTP_EP))  # fmt: skip
+    reachable(world, "10.96.42.1", timeout=30)
+    time.sleep(2 * period)  # the first look after pyproxy's write takes its snapshot
+    save = world.iptables_save("nat", backend)
+    svc_chain = next(
+        ln.split()[-1] for ln in save.splitlines()
+        if ln.startswith("-A KUBE-SERVICES ") and " -d 10.96.42.1/32 " in ln
+    )  # fmt: skip
+    victim = next(ln for ln in save.splitlines()
+                  if ln.startswith(f"-A {svc_chain} ") and "--probability" in ln)  # fmt: skip
+    fulls = proxy.log.read_text().count("synced fully")
+    world.exec(world.node, f"iptables-{backend}", "-t", "nat", "-D", *shlex.split(victim)[1:])
+    assert victim not in world.iptables_save("nat", backend).splitlines()
+    wait_for(lambda: victim in world.iptables_save("nat", backend).splitlines(),
+             timeout=3 * period, what="the deleted rule to be put back")  # fmt: skip
+    wait_for(lambda: proxy.log.read_text().count("synced fully") > fulls, timeout=10,
+             what="the full sync's log line")  # fmt: skip
+    assert "a rule of pyproxy's was changed or deleted (the canary is still there)" in proxy.log.read_text()
+    r = world.probe("tcp", "10.96.42.1", 80, count=40)
+    assert set(r["replies"]) == {"pod-1", "pod-2"}

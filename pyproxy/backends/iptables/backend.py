@@ -24,10 +24,11 @@ the whole table on every commit, so there a full sync stays one transaction.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -53,6 +54,7 @@ from pyproxy.backends.stale_conntrack import stale_filters
 from pyproxy.backends.sysctls import require_sysctls
 from pyproxy.backends.xtables.rules import KUBE_MARK_MASQ, KUBE_PROXY_CANARY
 from pyproxy.backends.xtables.tables import (
+    DriftWatch,
     canary_present,
     cleanup_everywhere,
     ensure_canary,
@@ -81,6 +83,10 @@ class _Family:
     trusted: bool = False
     """Whether the kernel holds ``programmed`` (False after a failed restore)."""
     last_state: ProxyState | None = None
+    drift: DriftWatch = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.drift = DriftWatch(self.ipt)
 
     @property
     def family(self) -> IPFamily:
@@ -127,7 +133,8 @@ class IptablesBackend(Backend):
         self.configs = {f: IptablesConfig(family=f, proxy=cfg) for f in FAMILIES}
         self._families: list[_Family] | None = None
         self.metrics: IptablesMetrics | None = None
-        """The transactions of the last sync that succeeded (for debugging)."""
+        self._writing = threading.Lock()
+        """Held by a sync; the drift check waits for it (a half-written table is no drift)."""
 
     def register_metrics(self, registry: CollectorRegistry) -> None:
         self.metrics = IptablesMetrics(registry)
@@ -165,13 +172,26 @@ class IptablesBackend(Backend):
         return self._families
 
     def drifted(self) -> bool:
-        """The canary: a family whose mangle KUBE-PROXY-CANARY chain is gone was flushed or
-        edited by someone else, and needs a full sync."""
-        return any(
-            f.programmed is not None and not canary_present(f.ipt) for f in self._families or ()
-        )
+        """The canary (a family whose mangle KUBE-PROXY-CANARY chain is gone was flushed), or
+        one of pyproxy's rules changed or deleted by someone else (DriftWatch): either needs a
+        full sync. Never while a sync writes."""
+        with self._writing:
+            for f in self._families or ():
+                if f.programmed is None or not f.trusted:
+                    continue
+                if not canary_present(f.ipt):
+                    return True
+                if f.drift.changed():
+                    log.warning("%s: a rule of pyproxy's was changed or deleted (the canary "
+                                "is still there)", f.ipt.family_name)  # fmt: skip
+                    return True
+            return False
 
     def sync(self, request: SyncRequest) -> SyncResult:
+        with self._writing:
+            return self._sync(request)
+
+    def _sync(self, request: SyncRequest) -> SyncResult:
         start = time.monotonic()
         fams = self._setup()
         state = with_local_addresses(request.state, self.proxy)
@@ -274,6 +294,7 @@ class IptablesBackend(Backend):
             self.metrics.rules_last.labels(table, fam.family.value).set(written[table])
 
     def _restore(self, fam: _Family, text: str, partial: bool = False) -> None:
+        fam.drift.wrote()
         try:
             fam.ipt.restore(text)
         except IptablesError as err:
