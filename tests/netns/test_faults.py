@@ -224,6 +224,7 @@ def test_one_deleted_rule_is_put_back(
              timeout=3 * period, what="the deleted rule to be put back")  # fmt: skip
     wait_for(lambda: proxy.log.read_text().count("synced fully") > fulls, timeout=10,
              what="the full sync's log line")  # fmt: skip
-    assert "a rule of pyproxy's was changed or deleted (the canary is still there)" in proxy.log.read_text()
+    said = "a rule of pyproxy's was changed or deleted (the canary is still there)"
+    assert said in proxy.log.read_text()
     r = world.probe("tcp", "10.96.42.1", 80, count=40)
     assert set(r["replies"]) == {"pod-1", "pod-2"}
