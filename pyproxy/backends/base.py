@@ -35,6 +35,8 @@ rules, so a restart does not interrupt traffic.
 from __future__ import annotations
 
 import abc
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -71,8 +73,61 @@ class SyncResult:
     """Seconds after which the backend has deferred work (None: none)."""
 
 
+TEXT_KEPT = 256 * 1024
+"""Bytes of a transaction's text kept for /debug/rules (a cold start at 10,000 services writes
+tens of megabytes; the head says what it was)."""
+
+
+@dataclass(frozen=True)
+class Transaction:
+    at: float
+    """Wall-clock time it was applied (or failed)."""
+    what: str
+    """Which tool or kernel interface, and the IP family: "IPv4 iptables-restore"."""
+    text: str
+    size: int
+    """The whole text's length (``text`` is its head)."""
+    error: str = ""
+
+
+class TransactionLog:
+    """The last transaction a backend applied (per tool and family) and the last one that
+    failed, with its error:
+    what ``/debug/rules`` and SIGUSR1 show (upstream's users ask for the last programmed
+    state, kubernetes/kubernetes#74677)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._applied: dict[str, Transaction] = {}
+        self.failed: Transaction | None = None
+
+    def record(self, what: str, text: str, error: str = "") -> None:
+        t = Transaction(time.time(), what, text[:TEXT_KEPT], len(text), error)
+        with self._lock:
+            if error:
+                self.failed = t
+            else:
+                self._applied[what] = t
+
+    @property
+    def applied(self) -> list[Transaction]:
+        """The last one applied through each tool and family (IPv4 and IPv6 are separate
+        transactions), oldest first."""
+        with self._lock:
+            return sorted(self._applied.values(), key=lambda t: t.at)
+
+
 class Backend(abc.ABC):
     mode: str = ""
+
+    @property
+    def transactions(self) -> TransactionLog:
+        """This backend's transaction log (made on first use: backends have no common
+        constructor)."""
+        found: TransactionLog | None = self.__dict__.get("_transactions")
+        if found is None:
+            found = self.__dict__.setdefault("_transactions", TransactionLog())
+        return found
 
     @abc.abstractmethod
     def sync(self, request: SyncRequest) -> SyncResult: ...

@@ -194,7 +194,16 @@ def cleanup(mode: str, iptables_backend: str) -> None:
 @click.argument("service")
 @click.option("--manifests", default=None, help="Objects from the YAML files in DIR.")
 @click.option("--hostname-override", "--node", "hostname_override", default=None)
-def explain_cmd(service: str, manifests: str | None, hostname_override: str | None) -> None:
+@click.option(
+    "--from-daemon",
+    "daemon_url",
+    default=None,
+    metavar="URL",
+    help="Ask a running pyproxy (its metrics address, e.g. http://127.0.0.1:10249).",
+)
+def explain_cmd(
+    service: str, manifests: str | None, hostname_override: str | None, daemon_url: str | None
+) -> None:
     """Why SERVICE (namespace/name[:port]) reaches the endpoints it does, on this node."""
     from pyproxy.model.types import NamespacedName
     from pyproxy.tools.explain import explain
@@ -204,8 +213,11 @@ def explain_cmd(service: str, manifests: str | None, hostname_override: str | No
     if not slash or not ns or not rest:
         raise ConfigError(f"SERVICE: {service!r} is not namespace/name[:port]")
     name, _, port = rest.partition(":")
+    if daemon_url is not None:
+        click.echo(from_daemon(daemon_url, "/debug/explain?service=" + service), nl=False)
+        return
     if manifests is None:
-        raise ConfigError("--manifests: required for explain")
+        raise ConfigError("--manifests or --from-daemon: one is required for explain")
     directory = Path(manifests)
     if not directory.is_dir():
         raise ConfigError(f"--manifests: {manifests} is not a readable directory")
@@ -226,6 +238,23 @@ def status(iptables_backend: str) -> None:
     except IptablesError as err:
         raise BackendUnavailable(str(err)) from None
     click.echo(report(read(ipt)), nl=False)
+
+
+def from_daemon(url: str, path: str) -> str:
+    """GET ``path`` from a running pyproxy's metrics address; one line on failure."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+        raise ConfigError(f"--from-daemon: {url!r} is not an http(s) URL")
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + path, timeout=30) as r:
+            return str(r.read().decode())
+    except urllib.error.HTTPError as err:
+        raise ConfigError(f"--from-daemon: {err.code} {err.read().decode().strip()}") from None
+    except OSError as err:
+        raise BackendUnavailable(f"--from-daemon: cannot reach {url}: {err}") from None
 
 
 @cli.command()

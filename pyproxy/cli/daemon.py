@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -23,6 +24,7 @@ from pyproxy.cli import memory
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.events import Event
 from pyproxy.model.types import IPFamily
+from pyproxy.serving.debug import DebugView
 from pyproxy.serving.health import (
     ProxyHealth,
     ServiceHealthServer,
@@ -35,6 +37,7 @@ from pyproxy.sources.manifests import ManifestsSource
 from pyproxy.sync.runner import BoundedFrequencyRunner
 from pyproxy.sync.syncer import Syncer, SyncRecord
 from pyproxy.sync.tracker import ChangeTracker
+from pyproxy.tools.explain import explain
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,28 @@ class Daemon:
         self._threads: list[threading.Thread] = []
         self._families: tuple[IPFamily, ...] = (IPFamily.IPV4,)
         self.post_event: Callable[[str, str, str], None] | None = None
+        self.last_sync: dict[str, Any] = {}
+        self.debug = DebugView(
+            state=self.tracker.current_state,
+            status=self.status,
+            skipped=lambda: list(self.tracker.skipped_recent),
+            transactions=self.backend.transactions,
+            explain=explain,
+        )
+
+    def status(self) -> dict[str, Any]:
+        """Mode, the last sync and what waits for the next, for /debug/state."""
+        services, endpoints = self.tracker.pending_counts()
+        return {
+            "mode": self.cfg.mode,
+            "nodeName": self.cfg.node_name,
+            "lastSync": self.last_sync or None,
+            "syncs": self.syncer.stats.syncs,
+            "fullSyncs": self.syncer.stats.full_syncs,
+            "failedSyncs": self.syncer.stats.failures,
+            "pending": {"serviceChanges": services, "endpointChanges": endpoints},
+            "skippedCounts": dict(self.tracker.skipped),
+        }
 
     # ---- event plumbing ---------------------------------------------------------------
 
@@ -79,6 +104,10 @@ class Daemon:
 
     def _on_sync(self, rec: SyncRecord) -> None:
         self.metrics.observe(rec)
+        self.last_sync = {"finished": rec.finished, "seconds": round(rec.duration, 6),
+                          "full": rec.full, "ok": rec.ok, "error": rec.error or None,
+                          "serviceChanges": rec.service_changes,
+                          "endpointChanges": rec.endpoint_changes}  # fmt: skip
         self.metrics.pending(*self.tracker.pending_counts())
         for kind, n in self.tracker.skipped.items():
             self.metrics.skipped.labels(kind).set(n)
@@ -119,7 +148,7 @@ class Daemon:
             try:
                 serve(
                     *self.cfg.metrics_address,
-                    metrics_routes(self.metrics.registry, self.cfg.mode),
+                    metrics_routes(self.metrics.registry, self.cfg.mode, self.debug.routes()),
                     "metrics",
                 )
             except OSError as err:
@@ -158,6 +187,9 @@ class Daemon:
                 self.syncer.request_full("rules changed by another program")
                 self.runner.run()
 
+    def log_dump(self) -> None:
+        log.info("state and rules (SIGUSR1):\n%s", self.debug.dump())
+
     def shutdown(self, *_: object) -> None:
         self.stop.set()
         self.runner.wake()
@@ -172,6 +204,10 @@ class Daemon:
         # SIGQUIT writes every thread's stack to stderr and carries on (a Go daemon such as
         # upstream's dumps its goroutines on SIGQUIT): where a stuck sync is stuck.
         faulthandler.register(signal.SIGQUIT, file=sys.stderr, all_threads=True)
+        # SIGUSR1 writes /debug/state and /debug/rules to the log, from a thread of its own:
+        # the handler runs on the main thread, which may hold the tracker's lock mid-sync.
+        signal.signal(signal.SIGUSR1, lambda *_: threading.Thread(
+            target=self.log_dump, name="dump", daemon=True).start())  # fmt: skip
         log.info(
             "pyproxy starting: mode=%s node=%s source=%s",
             self.cfg.mode,

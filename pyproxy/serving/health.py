@@ -17,7 +17,8 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Collection
+import urllib.parse
+from collections.abc import Callable, Collection, Mapping
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -81,10 +82,15 @@ class ProxyHealth:
         return (200 if healthy else 503), body
 
 
-def _json_handler(route: Callable[[str], tuple[int, str, bytes] | None]) -> type:
+Route = Callable[[str, Mapping[str, str]], tuple[int, str, bytes] | None]
+"""(path, query) -> (status, content type, body), or None for 404."""
+
+
+def _json_handler(route: Route) -> type:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            res = route(self.path.split("?", 1)[0])
+            path, _, query = self.path.partition("?")
+            res = route(path, dict(urllib.parse.parse_qsl(query)))
             if res is None:
                 self.send_error(404)
                 return
@@ -111,9 +117,7 @@ class _Server(ThreadingHTTPServer):
         super().__init__((host, port), handler)
 
 
-def serve(
-    host: str, port: int, route: Callable[[str], tuple[int, str, bytes] | None], name: str
-) -> _Server:
+def serve(host: str, port: int, route: Route, name: str) -> _Server:
     """Start an HTTP server in a daemon thread; raises OSError if the port is taken."""
     server = _Server(host, port, _json_handler(route))
     threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
@@ -121,10 +125,8 @@ def serve(
     return server
 
 
-def health_routes(
-    health: ProxyHealth, counter: Callable[[str, int], None] | None = None
-) -> Callable[[str], tuple[int, str, bytes] | None]:
-    def route(path: str) -> tuple[int, str, bytes] | None:
+def health_routes(health: ProxyHealth, counter: Callable[[str, int], None] | None = None) -> Route:
+    def route(path: str, _query: Mapping[str, str]) -> tuple[int, str, bytes] | None:
         if path not in ("/healthz", "/livez"):
             return None
         code, body = health.status(with_node=path == "/healthz")
@@ -135,17 +137,17 @@ def health_routes(
     return route
 
 
-def metrics_routes(
-    registry: CollectorRegistry, mode: str
-) -> Callable[[str], tuple[int, str, bytes] | None]:
-    def route(path: str) -> tuple[int, str, bytes] | None:
+def metrics_routes(registry: CollectorRegistry, mode: str, more: Route | None = None) -> Route:
+    """/metrics, /proxyMode, /healthz, then ``more`` (the debug routes)."""
+
+    def route(path: str, query: Mapping[str, str]) -> tuple[int, str, bytes] | None:
         if path == "/metrics":
             return 200, CONTENT_TYPE_LATEST, generate_latest(registry)
         if path == "/proxyMode":
             return 200, "text/plain; charset=utf-8", mode.encode()
         if path == "/healthz":
             return 200, "text/plain; charset=utf-8", b"ok"
-        return None
+        return more(path, query) if more is not None else None
 
     return route
 
@@ -210,8 +212,8 @@ class ServiceHealthServer:
             except OSError as err:
                 log.error("cannot serve health check node port %d for %s: %s", port, svc, err)
 
-    def _route(self, port: int) -> Callable[[str], tuple[int, str, bytes] | None]:
-        def route(_path: str) -> tuple[int, str, bytes] | None:
+    def _route(self, port: int) -> Route:
+        def route(_path: str, _query: Mapping[str, str]) -> tuple[int, str, bytes] | None:
             with self._lock:
                 svc = self._owner.get(port)
                 count = self._counts.get(svc, (0, 0))[1] if svc else 0

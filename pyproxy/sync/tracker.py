@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +38,8 @@ from pyproxy.model.types import (
 )
 
 log = logging.getLogger(__name__)
+
+SKIPPED_KEPT = 200
 
 SliceKey = tuple[NamespacedName, str]  # (service, slice name)
 EndpointsOfService = dict[ServicePortName, tuple[Endpoint, ...]]
@@ -99,6 +101,8 @@ class ChangeTracker:
         self._synced_kinds: set[str] = set()
         self._warned_orphans: set[NamespacedName] = set()
         self.skipped: Counter[str] = Counter()
+        self.skipped_recent: deque[tuple[str, str, str]] = deque(maxlen=SKIPPED_KEPT)
+        """(kind, namespace/name, reason) of the latest skipped objects, for /debug/state."""
         self.on_change: Callable[[], None] | None = None
         self._handlers: dict[str, Callable[[Mapping[str, Any], bool], bool]] = {
             "Service": self._on_service,
@@ -175,6 +179,7 @@ class ChangeTracker:
 
     def _skip(self, err: convert.BadObject) -> None:
         self.skipped[err.kind] += 1
+        self.skipped_recent.append((err.kind, err.ref, err.reason))
         log.error("skipping %s", err)
 
     def _on_service(self, obj: Mapping[str, Any], deleted: bool) -> bool:
@@ -273,6 +278,7 @@ class ChangeTracker:
             if listed and svc not in self._services and svc not in self._warned_orphans:
                 self._warned_orphans.add(svc)
                 self.skipped["EndpointSlice"] += 1
+                self.skipped_recent.append(("EndpointSlice", str(svc), "its Service is unknown"))
                 log.info("EndpointSlices for unknown service %s: no rules until it exists", svc)
         else:
             self._endpoints.pop(svc, None)

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.bad_objects import generate
-from tests.netns.scrape import metric, scrape
+from tests.netns.scrape import get, metric, scrape
 from tests.netns.services import HTTP, HTTP_EP, pods, reachable, svc
 from tests.netns.world import (
     HERE,
@@ -118,7 +118,8 @@ def test_restore_killed_mid_transaction(
     for name in ("iptables-nft-restore", "ip6tables-nft-restore"):
         (wrappers / name).symlink_to(HERE / "killed_restore.py")
     trigger = tmp_path / "kill-next-restore"
-    proxy = Pyproxy(world, manifests, tmp_path / "pyproxy.log", "--iptables-backend", "nft")
+    proxy = Pyproxy(world, manifests, tmp_path / "pyproxy.log", "--iptables-backend", "nft",
+                    "--metrics-bind-address", "127.0.0.1:10249")  # fmt: skip
     proxy.env = {
         **os.environ,
         "PATH": f"{wrappers}:{os.environ['PATH']}",
@@ -140,6 +141,12 @@ def test_restore_killed_mid_transaction(
     wait_for(lambda: proxy.log.read_text().count("synced fully") > fulls, timeout=15,
              what="a full sync after the failed one")  # fmt: skip
     assert "iptables-nft-restore failed: killed by signal 9" in proxy.log.read_text()
+    # /debug/rules keeps the failed transaction with its error beside the last applied ones.
+    rules = json.loads(get(world, "http://127.0.0.1:10249/debug/rules")["body"])
+    failed = rules["lastFailed"]
+    assert failed["error"] == "iptables-nft-restore failed: killed by signal 9"
+    assert failed["what"] in ("IPv4 nft iptables-restore", "IPv6 nft iptables-restore")
+    assert all(t["at"] > failed["at"] for t in rules["lastApplied"] if t["what"] == failed["what"])
     assert lost(client, count) == {}
     assert proxy.proc is not None and proxy.proc.poll() is None
 

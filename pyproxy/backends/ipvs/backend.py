@@ -301,17 +301,31 @@ class IpvsBackend(Backend):
         return {key: _current_of(ipvs, key, spec) for key, spec in ipvs.services().items()}
 
     def _apply_iptables(self, family: IPFamily, ipt: Iptables, text: str, full: bool) -> None:
+        what = f"{ipt.family_name} {ipt.backend} iptables-restore"
         try:
             ipt.restore(text)  # declares every chain the jumps point to
         except IptablesError as err:
+            self.transactions.record(what, text, str(err))
             if self.metrics is not None:
                 self.metrics.restore_failures.failed(family)
             raise BackendError(f"iptables-restore failed: {err}") from None
+        self.transactions.record(what, text)
         if full or not self._jumps_done:
             declared = {("nat", c) for c in NAT_CHAINS} | {("filter", c) for c in FILTER_CHAINS}
             ensure_jumps(ipt, JUMPS, declared)
 
     def _apply_plan(self, ipvs: kipvs.Ipvs, p: Plan) -> None:
+        text = p.describe()
+        try:
+            self._apply_plan_ops(ipvs, p)
+        except (kipvs.IpvsError, OSError) as err:
+            self.transactions.record("IPVS netlink", text, str(err))
+            raise
+        if text:
+            self.transactions.record("IPVS netlink", text)
+
+    @staticmethod
+    def _apply_plan_ops(ipvs: kipvs.Ipvs, p: Plan) -> None:
         for key, sched, timeout in p.add_services:
             ipvs.add_service(key, kipvs.Service(sched, timeout))
         for key, sched, timeout in p.update_services:

@@ -33,6 +33,21 @@ class CurrentService:
     dests: dict[DestKey, CurrentDest]
 
 
+PROTOCOLS = {6: "-t", 17: "-u", 132: "--sctp-service"}
+
+
+def _hostport(addr: str, port: int) -> str:
+    return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
+
+
+def _vs(key: VSKey) -> str:
+    return f"{PROTOCOLS.get(key[0], str(key[0]))} {_hostport(key[1], key[2])}"
+
+
+def _dest(d: DestKey) -> str:
+    return _hostport(d[0], d[1])
+
+
 @dataclass
 class Plan:
     add_services: list[tuple[VSKey, str, int]] = field(default_factory=list)
@@ -47,6 +62,22 @@ class Plan:
     delete_addresses: set[str] = field(default_factory=set)
     ipset_add: dict[str, set[Entry]] = field(default_factory=dict)
     ipset_delete: dict[str, set[Entry]] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """The plan as ipvsadm-like lines, for /debug/rules ("" when it changes nothing)."""
+        out = [f"-A {_vs(k)} -s {sched} -p {t}" for k, sched, t in self.add_services]
+        out += [f"-E {_vs(k)} -s {sched} -p {t}" for k, sched, t in self.update_services]
+        out += [f"-a {_vs(k)} -r {_dest(d)} -w {w}" + (" (new)" if new else "")
+                for k, d, w, new in self.set_dests]  # fmt: skip
+        out += [f"-d {_vs(k)} -r {_dest(d)}" for k, d in self.delete_dests]
+        out += [f"-D {_vs(k)}" for k in self.delete_services]
+        out += [f"address add {a}" for a in sorted(self.add_addresses)]
+        out += [f"address del {a}" for a in sorted(self.delete_addresses)]
+        for name, entries in sorted(self.ipset_add.items()):
+            out += [f"ipset add {name} {e}" for e in sorted(map(str, entries))]
+        for name, entries in sorted(self.ipset_delete.items()):
+            out += [f"ipset del {name} {e}" for e in sorted(map(str, entries))]
+        return "".join(line + "\n" for line in out)
 
     def empty(self) -> bool:
         return not (
