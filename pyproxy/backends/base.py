@@ -117,6 +117,19 @@ class TransactionLog:
             return sorted(self._applied.values(), key=lambda t: t.at)
 
 
+@dataclass(frozen=True)
+class Difference:
+    """One of pyproxy's kernel objects that is not what it would program now (``pyproxy
+    diff``): the lines expected and missing, and the lines present and not expected."""
+
+    service: str
+    """namespace/name, or "" for an object of the node's (a top-level chain, say)."""
+    obj: str
+    """The object, in the mode's terms: "nat chain KUBE-SVC-...", "ip map service-ips"."""
+    missing: tuple[str, ...] = ()
+    unexpected: tuple[str, ...] = ()
+
+
 class Backend(abc.ABC):
     mode: str = ""
 
@@ -141,6 +154,11 @@ class Backend(abc.ABC):
     def drifted(self) -> bool:
         """True when someone else removed what this backend programmed."""
         return False
+
+    def compare(self, state: ProxyState) -> list[Difference]:
+        """pyproxy's own objects in this namespace's kernel against what it would program for
+        ``state``, normalized (counters, handles, element order); [] when they agree."""
+        raise BackendUnavailable(f"pyproxy diff does not support {self.mode} mode yet")
 
     def prepare(self) -> None:  # noqa: B027 - optional hook
         """Check, before any source starts, that the mode can work on this host: tools,

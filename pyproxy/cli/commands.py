@@ -182,6 +182,51 @@ def render(ctx: click.Context, /, **params: Any) -> None:
 
 @cli.command()
 @_mode_option
+@_rule_options
+@_opt("kubeconfig", help="Path to a kubeconfig file.")
+@_opt("master", help="API server address (overrides the kubeconfig).")
+@click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text")
+@click.pass_context
+def diff(ctx: click.Context, /, output: str, **params: Any) -> None:
+    """Compare pyproxy's objects in this network namespace's kernel with what it would program
+    now (for --manifests DIR, or the API server's current objects). Status 0 when they agree,
+    1 when they differ, 2 on a usage error."""
+    from pyproxy.tools.diff import report
+
+    setup_logging("warning", "text", None)
+    cfg = _config(ctx, params)
+    backend = registry.create(cfg)
+    if cfg.source.manifests is not None:
+        state = load_manifest_state(cfg.source.manifests, cfg.node_name)
+    else:
+        state = load_api_state(cfg)
+    diffs = backend.compare(state)
+    click.echo(report(diffs, output), nl=False)
+    ctx.exit(1 if diffs else 0)
+
+
+def load_api_state(cfg: ProxyConfig) -> ProxyState:
+    """One list of every kind from the API server, as the daemon's first sync sees it."""
+    from pyproxy.model.events import Event, EventType
+    from pyproxy.sources.apiserver import ApiServerSource, load_client
+    from pyproxy.sync.tracker import ChangeTracker
+
+    tracker = ChangeTracker(cfg.node_name)
+    source = ApiServerSource(
+        load_client(cfg.source.kubeconfig, cfg.source.master), cfg.node_name, tracker.apply
+    )
+    for res in source.resources:
+        try:
+            source.list_all(res)
+        except Exception as err:
+            if not res.optional:
+                raise BackendUnavailable(f"cannot list {res.kind}: {err}") from None
+        tracker.apply(Event(res.kind, EventType.SYNCED))
+    return tracker.current_state()
+
+
+@cli.command()
+@_mode_option
 @_opt("iptables_backend", type=click.Choice(IPTABLES_BACKENDS), help="iptables back end.")
 def cleanup(mode: str, iptables_backend: str) -> None:
     """Remove everything pyproxy programmed for --mode (kube-proxy's --cleanup)."""
@@ -266,7 +311,10 @@ def version() -> None:
 def main(argv: list[str] | None = None) -> None:
     memory.tune_gc()
     try:
-        cli.main(args=argv, prog_name="pyproxy", standalone_mode=False)
+        # Not standalone: click returns ctx.exit()'s status instead of exiting with it.
+        status = cli.main(args=argv, prog_name="pyproxy", standalone_mode=False)
+        if isinstance(status, int) and status:
+            sys.exit(status)
     except click.exceptions.NoSuchOption as err:
         _fail(f"{err.option_name}: no such option")
     except click.BadParameter as err:

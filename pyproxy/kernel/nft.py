@@ -201,3 +201,19 @@ def generation() -> int | None:
             return next((int(m.get_attr("NFTA_GEN_ID")) for m in msgs), None)
     except (NetlinkError, OSError):
         return None
+
+
+def list_table(family: str, table: str) -> str | None:
+    """``nft -s list table`` (stateless: no counter values) of this namespace; None when the
+    table does not exist. The nft program, as the scratch namespace of ``pyproxy diff`` uses,
+    so both sides are printed alike."""
+    try:
+        res = subprocess.run(["nft", "-s", "list", "table", family, table],
+                             capture_output=True, text=True, timeout=600)  # fmt: skip
+    except OSError as err:
+        raise NftError(f"nft: {err}") from None
+    if res.returncode != 0:
+        if "No such file or directory" in res.stderr:
+            return None
+        raise NftError(f"nft list table {family} {table}: {_one_line(res.stderr)}")
+    return res.stdout

@@ -14,7 +14,7 @@ from tests.cluster.cluster import PYPROXY_TOKEN, Cluster
 from tests.cluster.nsrelay import Relay
 from tests.e2e.conftest import require_local
 from tests.e2e.kube import Kube, eventually
-from tests.netns.world import NODE_CLIENT_IP, PYTHON, Pyproxy, World, names_in, total
+from tests.netns.world import NODE_CLIENT_IP, PYPROXY, PYTHON, Pyproxy, World, names_in, total
 
 PYPROXY_FLAGS = ("--sync-period", "10s", "--min-sync-period", "1s")
 NS = "e2e"
@@ -78,6 +78,23 @@ def test_service_reachable_through_real_allocations(
     answering(world, cluster_ip, 80, {"pod-1", "pod-2"})
     answering(world, NODE_CLIENT_IP, node_port, {"pod-1", "pod-2"})
     answering(world, cluster_ip, 53, {"pod-1", "pod-2"}, proto="udp")
+
+
+def test_diff_against_the_api_server_is_clean(
+    world: World, proxy: Pyproxy, web: dict[str, Any]
+) -> None:
+    """``pyproxy diff --kubeconfig``: one list of the cluster's objects, compared with what the
+    daemon programmed from its watches."""
+    ip = web["spec"]["clusterIP"]
+    answering(world, ip, 80, {"pod-1", "pod-2"})
+    kubeconfig = proxy.args[proxy.args.index("--kubeconfig") + 1]
+    cidr = proxy.args[proxy.args.index("--cluster-cidr") + 1]
+    args = ["--kubeconfig", kubeconfig, "--hostname-override", "node-a", "--cluster-cidr", cidr]
+    res = world.exec(world.node, PYPROXY, "diff", *args, check=False)
+    assert (res.returncode, res.stdout) == (
+        0,
+        "no differences: the kernel holds what pyproxy would program\n",
+    ), res.stderr
 
 
 def test_scaling_and_readiness_are_followed(world: World, kube: Kube, web: dict[str, Any]) -> None:

@@ -35,6 +35,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from pyproxy.backends.base import (
     Backend,
     BackendError,
+    Difference,
     SyncRequest,
     SyncResult,
 )
@@ -52,6 +53,7 @@ from pyproxy.backends.local_addresses import with_local_addresses
 from pyproxy.backends.metrics import FAMILY, RestoreFailures, SyncDurations
 from pyproxy.backends.stale_conntrack import stale_filters
 from pyproxy.backends.sysctls import require_sysctls
+from pyproxy.backends.xtables.compare import compare as xtables_compare
 from pyproxy.backends.xtables.rules import KUBE_MARK_MASQ, KUBE_PROXY_CANARY
 from pyproxy.backends.xtables.tables import (
     DriftWatch,
@@ -152,6 +154,15 @@ class IptablesBackend(Backend):
                 + Renderer(self.configs[family]).full(state).text()
             )
         return "".join(parts)
+
+    def compare(self, state: ProxyState) -> list[Difference]:
+        state = with_local_addresses(state, self.proxy)
+        out: list[Difference] = []
+        tables = open_tables(self.proxy.iptables_backend, FAMILIES, self.mode, writes=False)
+        for family, ipt in tables.items():
+            cfg = self.configs[family]
+            out += xtables_compare(ipt, Renderer(cfg).full(state).text(), cfg.jump_rules())
+        return out
 
     # ---- sync -----------------------------------------------------------------------------
 

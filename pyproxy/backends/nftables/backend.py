@@ -20,10 +20,18 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from pyproxy.backends.base import Backend, BackendError, BackendUnavailable, SyncRequest, SyncResult
+from pyproxy.backends.base import (
+    Backend,
+    BackendError,
+    BackendUnavailable,
+    Difference,
+    SyncRequest,
+    SyncResult,
+)
 from pyproxy.backends.local_addresses import with_local_addresses
 from pyproxy.backends.metrics import FAMILY, SyncDurations
 from pyproxy.backends.nftables import transactions as tx
+from pyproxy.backends.nftables.compare import compare as nft_compare
 from pyproxy.backends.nftables.localhost import LocalhostNodePorts
 from pyproxy.backends.nftables.render import (
     LOCALHOST_PROTOCOLS,
@@ -157,6 +165,15 @@ class NftablesBackend(Backend):
                 f"# {family.value}: input for nft -f\n" + tx.full(r, tx.Mirror(), (), (), 0)
             )
         return "".join(parts)
+
+    def compare(self, state: ProxyState) -> list[Difference]:
+        state = with_local_addresses(state, self.proxy)
+        out: list[Difference] = []
+        for family in FAMILIES:
+            cfg = self.configs[family]
+            r = Renderer(cfg).full(state)
+            out += nft_compare(cfg.nft_family, TABLE, tx.full(r, tx.Mirror(), (), (), 0))
+        return out
 
     # ---- set-up ---------------------------------------------------------------------------
 

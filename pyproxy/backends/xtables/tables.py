@@ -25,14 +25,15 @@ log = logging.getLogger(__name__)
 
 
 def open_tables(
-    requested: str, families: Iterable[IPFamily], mode: str
+    requested: str, families: Iterable[IPFamily], mode: str, writes: bool = True
 ) -> dict[IPFamily, Iptables]:
-    """The iptables commands for each family that works here, all on one back end.
+    """The iptables commands for each family that works here, all on one back end (for a
+    read-only tool, ``writes=False``: nothing is written to find it).
 
     No usable back end at all is BackendUnavailable; an IP family whose tool does not work
     (ip6tables without IPv6 support) is left out with a warning, as upstream does."""
     try:
-        backend = detect_backend(requested)
+        backend = detect_backend(requested, writes=writes)
     except IptablesError as err:
         raise BackendUnavailable(str(err)) from None
     out: dict[IPFamily, Iptables] = {}

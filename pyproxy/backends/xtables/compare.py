@@ -1,0 +1,114 @@
+"""``pyproxy diff`` for the modes that write iptables: the kernel's copy of pyproxy's chains and
+jumps against what it would program now. The expected rule set is loaded into a scratch
+network namespace and listed back with the same iptables-save (pyproxy.kernel.scratch), so
+both sides are spelled by the tool itself. A service's own chains (SVC, SVL, EXT, FW, SEP)
+are compared rule by rule in order (the order carries the probabilities); top-level chains
+and built-in chains as multisets (a partial sync inserts a service's lines at the head)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from pyproxy.backends.base import BackendError, Difference
+from pyproxy.backends.xtables.rules import CANARY_TABLES, KUBE_PROXY_CANARY, JumpRule
+from pyproxy.kernel.iptables import Iptables, IptablesError, rule_line
+from pyproxy.kernel.scratch import ScratchError, run_in_scratch
+
+TABLES = ("filter", "nat", "mangle")
+ORDERED = re.compile(r"^KUBE-(SVC|SVL|EXT|FW|SEP)-")
+COMMENT = re.compile(r'--comment "?([^"\s/]+/[^"\s:]+)')
+
+Tables = dict[str, dict[str, list[str]]]
+"""table -> chain -> rule lines (pyproxy's chains whole; built-in chains: jumps to KUBE-)."""
+
+
+def own(save: str, table: str) -> dict[str, list[str]]:
+    """pyproxy's part of one table as iptables-save prints it: every KUBE- chain with its
+    rules, and in built-in chains the rules that jump to a KUBE- chain."""
+    chains: dict[str, list[str]] = {}
+    for line in save.splitlines():
+        if line.startswith(":KUBE-"):
+            chains.setdefault(line[1:].split(" ", 1)[0], [])
+        elif line.startswith("-A "):
+            words = shlex.split(line)
+            chain = words[1]
+            target = words[words.index("-j") + 1] if "-j" in words[:-1] else ""
+            if chain.startswith("KUBE-") or target.startswith("KUBE-"):
+                chains.setdefault(chain, []).append(line)
+    return chains
+
+
+def expected_text(rendered: str, jumps: Iterable[JumpRule]) -> str:
+    """The render plus the jump rules and canary chains, as one restore input."""
+    extra: dict[str, list[str]] = {t: [f":{KUBE_PROXY_CANARY} - [0:0]"] for t in CANARY_TABLES}
+    for j in jumps:
+        extra.setdefault(j.table, []).append(rule_line(j.chain, j.args()))
+    return rendered + "".join(
+        f"*{t}\n" + "\n".join(lines) + "\nCOMMIT\n" for t, lines in extra.items()
+    )
+
+
+def expected_tables(ipt: Iptables, text: str) -> Tables:
+    prefix = ("ip6tables" if ipt.ipv6 else "iptables") + f"-{ipt.backend}"
+    steps: list[tuple[Sequence[str], str | None]] = [([f"{prefix}-restore", "--noflush"], text)]
+    steps += [([f"{prefix}-save", "-t", t], None) for t in TABLES]
+    try:
+        outs = run_in_scratch(steps)
+    except ScratchError as err:
+        raise BackendError(str(err)) from None
+    return {t: own(out, t) for t, out in zip(TABLES, outs[1:], strict=True)}
+
+
+def kernel_tables(ipt: Iptables) -> Tables:
+    try:
+        return {t: own(ipt.save(t), t) for t in TABLES}
+    except IptablesError as err:
+        raise BackendError(str(err)) from None
+
+
+def _service(lines: Iterable[str]) -> str:
+    for line in lines:
+        if m := COMMENT.search(line):
+            return m.group(1)
+    return ""
+
+
+def differences(expected: Tables, actual: Tables, family: str) -> list[Difference]:
+    out: list[Difference] = []
+    for table in TABLES:
+        want, have = expected.get(table, {}), actual.get(table, {})
+        for chain in sorted(want.keys() | have.keys()):
+            w, h = want.get(chain), have.get(chain)
+            obj = f"{family} {table} chain {chain}"
+            if chain.startswith("KUBE-") and (h is None or w is None):
+                what = " (missing)" if h is None else " (not expected)"
+                lines = tuple(w or h or ())
+                out.append(Difference(_service(lines), obj + what, tuple(w or ()), tuple(h or ())))
+                continue
+            w, h = w or [], h or []  # a built-in chain: only its jumps to pyproxy's chains
+            if ORDERED.match(chain):
+                if w != h:
+                    missing = tuple(x for x in w if x not in h)
+                    unexpected = tuple(x for x in h if x not in w)
+                    if not missing and not unexpected:  # the same rules in another order
+                        missing, unexpected = tuple(w), tuple(h)
+                    out.append(Difference(_service(w + h), obj, missing, unexpected))
+                continue
+            missing_c, unexpected_c = Counter(w) - Counter(h), Counter(h) - Counter(w)
+            by_service: dict[str, tuple[list[str], list[str]]] = {}
+            for line in missing_c.elements():
+                by_service.setdefault(_service([line]), ([], []))[0].append(line)
+            for line in unexpected_c.elements():
+                by_service.setdefault(_service([line]), ([], []))[1].append(line)
+            for svc, (m, u) in sorted(by_service.items()):
+                out.append(Difference(svc, obj, tuple(m), tuple(u)))
+    return out
+
+
+def compare(ipt: Iptables, rendered: str, jumps: Iterable[JumpRule]) -> list[Difference]:
+    """The differences for one family (``rendered``: the backend's full restore input)."""
+    expected = expected_tables(ipt, expected_text(rendered, jumps))
+    return differences(expected, kernel_tables(ipt), ipt.family_name)
