@@ -77,7 +77,8 @@ def test_xtables_lock_held_for_20s(
     touched); the test holds that lock for 20 s while a new service is added."""
     lock = tmp_path / "xtables.lock"
     lock.touch()
-    proxy = Pyproxy(world, manifests, tmp_path / "pyproxy.log", "--iptables-backend", "legacy")
+    proxy = Pyproxy(world, manifests, tmp_path / "pyproxy.log", "--iptables-backend", "legacy",
+                    "--metrics-bind-address", "127.0.0.1:10249")  # fmt: skip
     proxy.prefix = (
         "unshare", "--mount", "--propagation", "private", "sh", "-c",
         'mount --bind "$0" /run/xtables.lock && exec "$@"', str(lock),
@@ -101,6 +102,11 @@ def test_xtables_lock_held_for_20s(
         time.sleep(max(0.0, taken + HOLD_SECONDS - time.monotonic()))
         fcntl.flock(held, fcntl.LOCK_UN)
     released = time.monotonic()
+    # The retries show in the metrics (and /healthz stays 200: nothing waited 2 sync periods).
+    m = scrape(world)
+    assert metric(m, "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+                  '{ip_family="IPv4"}') >= 1  # fmt: skip
+    assert metric(m, "pyproxy_sync_failures_total") >= 1
     reachable(world, "10.96.40.2", timeout=30)
     print(f"new service answered {time.monotonic() - released:.1f}s after the lock was freed")
     assert lost(client, count) == {}
