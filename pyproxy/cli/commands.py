@@ -272,17 +272,47 @@ def explain_cmd(
 
 @cli.command()
 @_opt("iptables_backend", type=click.Choice(IPTABLES_BACKENDS), help="iptables back end.")
-def status(iptables_backend: str) -> None:
-    """Connections per service and endpoint, from the programmed rules' counters."""
+@click.option(
+    "--from-daemon",
+    "daemon_url",
+    default=None,
+    metavar="URL",
+    help="Also the running pyproxy's own status (its metrics address).",
+)
+@click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text")
+def status(iptables_backend: str, daemon_url: str | None, output: str) -> None:
+    """The daemon's status (with --from-daemon: mode, last sync, pending changes, counts,
+    skipped objects) and connections per service and endpoint from the rules' counters
+    (iptables mode)."""
+    import json
+    from dataclasses import asdict
+
     from pyproxy.kernel.iptables import Iptables, IptablesError, detect_backend
-    from pyproxy.tools.status import read, report
+    from pyproxy.tools.status import read, report, summary
 
     setup_logging("warning", "text", None)
-    try:
-        ipt = Iptables(detect_backend(iptables_backend, writes=False))
-    except IptablesError as err:
-        raise BackendUnavailable(str(err)) from None
-    click.echo(report(read(ipt)), nl=False)
+    state = json.loads(from_daemon(daemon_url, "/debug/state")) if daemon_url else None
+    mode = state["mode"] if state else "iptables"
+    counters = None
+    if mode == "iptables":
+        try:
+            ipt = Iptables(detect_backend(iptables_backend, writes=False))
+        except IptablesError as err:
+            raise BackendUnavailable(str(err)) from None
+        counters = read(ipt)
+    if output == "json":
+        doc = {
+            "daemon": {k: v for k, v in (state or {}).items() if k != "services"} or None,
+            "counters": {k: asdict(v) for k, v in counters.items()} if counters else None,
+        }
+        click.echo(json.dumps(doc, indent=1))
+        return
+    text = summary(state) if state else ""
+    if counters is not None:
+        text += report(counters)
+    else:
+        text += f"per-service counters: not read in {mode} mode yet\n"
+    click.echo(text, nl=False)
 
 
 def from_daemon(url: str, path: str) -> str:

@@ -1,4 +1,6 @@
-"""``pyproxy status``: per-service and per-endpoint traffic counters from the programmed rules.
+"""``pyproxy status``: the daemon's own status (mode, last sync, pending changes, counts,
+skipped objects; from its /debug/state) and per-service and per-endpoint traffic counters from
+the programmed rules.
 
 iptables mode keeps a packet/byte counter on every rule; the DNAT rule of each KUBE-SEP chain
 counts the new connections (first packets, since later ones follow conntrack) sent to that
@@ -11,6 +13,8 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
 
 from pyproxy.kernel.iptables import Iptables
 
@@ -79,4 +83,40 @@ def report(counters: dict[str, ServiceCounters]) -> str:
         )
         for ep, (packets, _) in sorted(c.endpoints.items()):
             out.append(f"{'':40} {ep:24} {packets:>11}")
+    return "\n".join(out) + "\n"
+
+
+def summary(state: dict[str, Any]) -> str:
+    """The daemon's own status, from its /debug/state document."""
+    last = state.get("lastSync") or {}
+    when = (
+        datetime.fromtimestamp(last["finished"], UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if last.get("finished")
+        else "never"
+    )
+    services = state.get("services", {})
+    ports = [p for ps in services.values() for p in ps]
+    endpoints = sum(len(p.get("endpoints", ())) for p in ports)
+    pending = state.get("pending", {})
+    out = [
+        f"mode: {state.get('mode')}   node: {state.get('nodeName')}",
+        "last sync: "
+        + (
+            f"{'full' if last.get('full') else 'partial'}, {when}, {last.get('seconds', 0):.3f}s, "
+            + ("ok" if last.get("ok") else f"FAILED: {last.get('error')}")
+            if last
+            else "none yet"
+        ),
+        f"syncs: {state.get('syncs', 0)} ({state.get('fullSyncs', 0)} full, "
+        f"{state.get('failedSyncs', 0)} failed)",
+        f"pending: {pending.get('serviceChanges', 0)} service, "
+        f"{pending.get('endpointChanges', 0)} endpoint changes",
+        f"services: {len(services)}   service ports: {len(ports)}   endpoints: {endpoints}",
+    ]
+    skipped = state.get("skippedCounts") or {}
+    out.append(
+        "skipped objects: "
+        + (", ".join(f"{n} {k}" for k, n in sorted(skipped.items())) if skipped else "none")
+    )
+    out += [f"  {s['kind']} {s['object']}: {s['reason']}" for s in state.get("skipped", [])[-10:]]
     return "\n".join(out) + "\n"

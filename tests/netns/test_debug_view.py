@@ -60,6 +60,22 @@ def test_state_rules_and_explain_show_the_service(world: World, proxy: Pyproxy) 
     cli = world.exec(world.node, PYPROXY, "explain", "t/dbg", "--from-daemon", BASE)
     assert cli.stdout == r["body"]
 
+    # pyproxy status in every mode: the daemon's own view, then counters where the mode has them.
+    lines = world.exec(world.node, PYPROXY, "status", "--from-daemon", BASE).stdout.splitlines()
+    assert lines[0] == f"mode: {proxy.mode}   node: node-a"
+    assert lines[1].startswith("last sync: ") and lines[1].endswith(", ok")
+    assert lines[3] == "pending: 0 service, 0 endpoint changes"
+    services = debug(world, "/debug/state")["services"]
+    ports = sum(len(p) for p in services.values())
+    eps = sum(len(p["endpoints"]) for ps in services.values() for p in ps)
+    assert lines[4] == f"services: {len(services)}   service ports: {ports}   endpoints: {eps}"
+    doc = json.loads(world.exec(world.node, PYPROXY, "status", "--from-daemon", BASE, "-o",
+                                "json").stdout)  # fmt: skip
+    assert doc["daemon"]["mode"] == proxy.mode
+    if proxy.mode == "iptables":
+        assert set(doc["counters"]["t/dbg:http"]["endpoints"]) == {
+            f"{world.pods[0].ip}:8080", f"{world.pods[1].ip}:8080"}  # fmt: skip
+
     proxy.remove("dbg")
     wait_for(lambda: "t/dbg" not in debug(world, "/debug/state")["services"],
              what="the service to leave /debug/state")  # fmt: skip

@@ -26,3 +26,28 @@ def test_connections_per_endpoint_and_refusals() -> None:
     assert c["ns/empty:http"].refused == 4 and c["ns/local:http"].dropped == 2
     text = report(c)
     assert "ns/web:http" in text and "refused 4" in text and "dropped 2" in text
+
+
+def test_summary_of_a_daemon_state() -> None:
+    from pyproxy.tools.status import summary
+
+    doc = {
+        "mode": "nftables", "nodeName": "n1",
+        "lastSync": {"finished": 0.5, "seconds": 0.0421, "full": False, "ok": False,
+                     "error": "IPv4 nftables transaction failed: x"},
+        "syncs": 7, "fullSyncs": 2, "failedSyncs": 1,
+        "pending": {"serviceChanges": 1, "endpointChanges": 3},
+        "services": {"a/b": [{"endpoints": [{}, {}]}, {"endpoints": [{}]}]},
+        "skippedCounts": {"Service": 2},
+        "skipped": [{"kind": "Service", "object": "a/x", "reason": "spec.ports: not a list"}],
+    }  # fmt: skip
+    assert summary(doc).splitlines() == [
+        "mode: nftables   node: n1",
+        "last sync: partial, 1970-01-01T00:00:00Z, 0.042s, FAILED: IPv4 nftables transaction "
+        "failed: x",
+        "syncs: 7 (2 full, 1 failed)",
+        "pending: 1 service, 3 endpoint changes",
+        "services: 1   service ports: 2   endpoints: 3",
+        "skipped objects: 2 Service",
+        "  Service a/x: spec.ports: not a list",
+    ]
