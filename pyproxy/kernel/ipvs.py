@@ -89,7 +89,11 @@ class Ipvs:
             if s.get("fwmark"):
                 continue
             key = (int(s["protocol"]), str(s["addr"]), int(s["port"]))
-            out[key] = Service(str(s.get("sched_name", "")), int(s.get("timeout", 0) or 0))
+            # pyroute2's from_message keeps its default "timeout" (0) and puts the kernel's
+            # value under the attribute's own name (found by pyproxy diff: every full sync
+            # re-issued an update for each persistent service).
+            timeout = s.get("IPVS_SVC_ATTR_TIMEOUT", s.get("timeout", 0))
+            out[key] = Service(str(s.get("sched_name", "")), int(timeout or 0))
         return out
 
     def dests(self, key: VSKey) -> dict[DestKey, Dest]:

@@ -14,6 +14,8 @@ from tests.netns import services
 from tests.netns.scrape import METRICS_URL, check_mode_families, get, metric, scrape
 from tests.netns.services import DNS, DNS_EP, HTTP, HTTP_EP, pods, svc
 from tests.netns.world import (
+    CLUSTER_CIDR,
+    CLUSTER_CIDR6,
     NODE_CLIENT_IP,
     PYPROXY,
     Held,
@@ -231,6 +233,31 @@ def test_dual_stack_service(world: World, proxy: Pyproxy) -> None:
         assert names_in(r) == {"pod-1", "pod-2"} and total(r) == 20, (host, port, proto, r)
     assert "[fd00:96::76]:80 rr" in ipvsadm(world)
     assert "fd00:96::76" in world.exec(world.node, "ipset", "list", "KUBE-6-CLUSTER-IP").stdout
+
+
+def test_diff_is_clean_then_names_a_deleted_real_server(world: World, proxy: Pyproxy) -> None:
+    """``pyproxy diff --mode ipvs``: 0 after a sync; after a real server is deleted by hand,
+    1 with that real server under its service."""
+    proxy.write("dif", *manifest_objects(world, svc("dif", "10.96.7.20", [HTTP]), pods(world, 1, 2),
+                                         HTTP_EP))  # fmt: skip
+    reachable(world, "10.96.7.20")
+    cidrs = f"{CLUSTER_CIDR},{CLUSTER_CIDR6}"
+    args = [PYPROXY, "diff", "--mode", "ipvs", "--manifests", str(proxy.manifests),
+            "--hostname-override", "node-a", "--cluster-cidr", cidrs]  # fmt: skip
+    res = world.exec(world.node, *args, check=False)
+    assert (res.returncode, res.stdout) == (
+        0,
+        "no differences: the kernel holds what pyproxy would program\n",
+    ), res.stdout + res.stderr
+    pod = world.pods[0]
+    world.exec(world.node, "ipvsadm", "-d", "-t", "10.96.7.20:80", "-r", f"{pod.ip}:8080")
+    res = world.exec(world.node, *args, check=False)
+    assert res.returncode == 1, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    block = lines[lines.index("service t/dif:") :]
+    assert "  IPVS virtual server -t 10.96.7.20:80" in block
+    assert f"    - -a -t 10.96.7.20:80 -r {pod.ip}:8080 -w 1" in block
+    proxy.remove("dif")
 
 
 def test_metric_families_are_the_modes_own(world: World, proxy: Pyproxy) -> None:

@@ -18,7 +18,14 @@ from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from pyproxy.backends.base import Backend, BackendError, BackendUnavailable, SyncRequest, SyncResult
+from pyproxy.backends.base import (
+    Backend,
+    BackendError,
+    BackendUnavailable,
+    Difference,
+    SyncRequest,
+    SyncResult,
+)
 from pyproxy.backends.ipvs.diff import CurrentDest, CurrentService, Plan, plan, plan_partial
 from pyproxy.backends.ipvs.render import (
     DUMMY,
@@ -36,6 +43,7 @@ from pyproxy.backends.ipvs.table import Delta, Table, render
 from pyproxy.backends.metrics import FAMILY, RestoreFailures
 from pyproxy.backends.stale_conntrack import stale_filters
 from pyproxy.backends.sysctls import require_sysctls
+from pyproxy.backends.xtables.compare import compare as xtables_compare
 from pyproxy.backends.xtables.rules import KUBE_MARK_MASQ
 from pyproxy.backends.xtables.tables import cleanup_everywhere, ensure_jumps, open_tables
 from pyproxy.config.settings import ProxyConfig
@@ -242,6 +250,44 @@ class IpvsBackend(Backend):
             {k: kipvs.Service(vs.scheduler, vs.timeout) for k, vs in merged.services.items()},
             {key for key, _ in p.draining},
         )
+
+    def compare(self, state: ProxyState) -> list[Difference]:
+        """The full sync's reading of the kernel, without its writing: the plan it would
+        carry out is the difference (and the iptables part, compared as iptables mode's)."""
+        ipt = open_tables(self.proxy.iptables_backend, FAMILIES, self.mode, writes=False)
+        local = tuple(addresses.local_addresses(exclude_links=(DUMMY,)))
+        state = replace(state, node=state.node.with_local_addresses(local))
+        tables = {f: Table.build(state, self.configs[f]) for f in ipt}
+        per_family = {f: t.desired() for f, t in tables.items()}
+        out: list[Difference] = []
+        merged = Desired(ipsets={})
+        types = self._set_types()
+        ipsets = [["ipset", "create", name, stype,
+                   *(["range", "0-65535"] if stype == "bitmap:port" else
+                     ["family", "inet6" if name.startswith("KUBE-6-") else "inet"])]
+                  for name, stype in types.items()]  # fmt: skip
+        for family, d in per_family.items():
+            out += xtables_compare(ipt[family], d.iptables, JUMPS, canary=False, prepare=ipsets)
+            merged.services.update(d.services)
+            merged.addresses |= d.addresses
+            merged.ipsets.update(d.ipsets)
+        sets, ipvs = kipvs.IpSets(), kipvs.Ipvs()
+        try:
+            members = {name: sets.members(name, stype) for name, stype in types.items()}
+            current_addrs = kipvs.dummy_addresses(DUMMY) or set()
+            p = plan(merged, self._current(ipvs), current_addrs,
+                     current_addrs | {str(ip) for ip in local}, members)  # fmt: skip
+        except kipvs.IpvsError as err:
+            raise BackendError(str(err)) from None
+        finally:
+            ipvs.close()
+            sets.close()
+
+        def owner(key: kipvs.VSKey) -> str:
+            names = [n for t in tables.values() for n in t.owners.get(key, ())]
+            return str(max(names)) if names else ""
+
+        return out + p.differences(owner)
 
     def _partial(self, tables: dict[IPFamily, Table], deltas: list[Delta]) -> None:
         """Write what the tables say changed, against the view kept since the last full sync;

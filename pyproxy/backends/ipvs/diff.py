@@ -10,9 +10,10 @@ flows). A real server that comes back while draining gets its weight back.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from pyproxy.backends.base import Difference
 from pyproxy.backends.ipvs.render import Desired, DestKey, Entry, VirtualServer, VSKey
 from pyproxy.backends.ipvs.table import Delta
 
@@ -78,6 +79,59 @@ class Plan:
         for name, entries in sorted(self.ipset_delete.items()):
             out += [f"ipset del {name} {e}" for e in sorted(map(str, entries))]
         return "".join(line + "\n" for line in out)
+
+    def differences(self, owner: Callable[[VSKey], str]) -> list[Difference]:
+        """The plan read as what differs (``pyproxy diff``): what it would add is missing,
+        what it would delete is not expected; ``owner`` names a virtual server's service."""
+        out = [
+            Difference(
+                owner(k), f"IPVS virtual server {_vs(k)} (missing)", (f"-A {_vs(k)} -s {s} -p {t}",)
+            )
+            for k, s, t in self.add_services
+        ]
+        out += [
+            Difference(owner(k), f"IPVS virtual server {_vs(k)}", (f"-E {_vs(k)} -s {s} -p {t}",))
+            for k, s, t in self.update_services
+        ]
+        out += [
+            Difference(
+                owner(k), f"IPVS virtual server {_vs(k)}", (f"-a {_vs(k)} -r {_dest(d)} -w {w}",)
+            )
+            for k, d, w, _ in self.set_dests
+        ]
+        out += [
+            Difference(
+                owner(k), f"IPVS virtual server {_vs(k)}", (), (f"-a {_vs(k)} -r {_dest(d)}",)
+            )
+            for k, d in self.delete_dests
+        ]
+        out += [
+            Difference(
+                owner(k), f"IPVS virtual server {_vs(k)} (not expected)", (), (f"-A {_vs(k)}",)
+            )
+            for k in self.delete_services
+        ]
+        if self.add_addresses or self.delete_addresses:
+            out.append(
+                Difference(
+                    "",
+                    "addresses of kube-ipvs0",
+                    tuple(sorted(self.add_addresses)),
+                    tuple(sorted(self.delete_addresses)),
+                )
+            )
+        for name in sorted(self.ipset_add.keys() | self.ipset_delete.keys()):
+            add, delete = self.ipset_add.get(name, set()), self.ipset_delete.get(name, set())
+            if add or delete:
+                out.append(
+                    Difference(
+                        "",
+                        f"ipset {name}",
+                        tuple(sorted(map(str, add))),
+                        tuple(sorted(map(str, delete))),
+                    )
+                )
+        return out  # fmt: skip
 
     def empty(self) -> bool:
         return not (

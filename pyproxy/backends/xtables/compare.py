@@ -41,9 +41,11 @@ def own(save: str, table: str) -> dict[str, list[str]]:
     return chains
 
 
-def expected_text(rendered: str, jumps: Iterable[JumpRule]) -> str:
-    """The render plus the jump rules and canary chains, as one restore input."""
-    extra: dict[str, list[str]] = {t: [f":{KUBE_PROXY_CANARY} - [0:0]"] for t in CANARY_TABLES}
+def expected_text(rendered: str, jumps: Iterable[JumpRule], canary: bool = True) -> str:
+    """The render plus the jump rules and (iptables mode) canary chains, as one restore input."""
+    extra: dict[str, list[str]] = {
+        t: [f":{KUBE_PROXY_CANARY} - [0:0]"] if canary else [] for t in CANARY_TABLES
+    }
     for j in jumps:
         extra.setdefault(j.table, []).append(rule_line(j.chain, j.args()))
     return rendered + "".join(
@@ -51,15 +53,17 @@ def expected_text(rendered: str, jumps: Iterable[JumpRule]) -> str:
     )
 
 
-def expected_tables(ipt: Iptables, text: str) -> Tables:
+def expected_tables(ipt: Iptables, text: str, prepare: Sequence[Sequence[str]] = ()) -> Tables:
+    """``prepare``: commands run first in the scratch namespace (the ipsets IPVS rules match)."""
     prefix = ("ip6tables" if ipt.ipv6 else "iptables") + f"-{ipt.backend}"
-    steps: list[tuple[Sequence[str], str | None]] = [([f"{prefix}-restore", "--noflush"], text)]
+    steps: list[tuple[Sequence[str], str | None]] = [(argv, None) for argv in prepare]
+    steps.append(([f"{prefix}-restore", "--noflush"], text))
     steps += [([f"{prefix}-save", "-t", t], None) for t in TABLES]
     try:
         outs = run_in_scratch(steps)
     except ScratchError as err:
         raise BackendError(str(err)) from None
-    return {t: own(out, t) for t, out in zip(TABLES, outs[1:], strict=True)}
+    return {t: own(out, t) for t, out in zip(TABLES, outs[-len(TABLES) :], strict=True)}
 
 
 def kernel_tables(ipt: Iptables) -> Tables:
@@ -108,7 +112,13 @@ def differences(expected: Tables, actual: Tables, family: str) -> list[Differenc
     return out
 
 
-def compare(ipt: Iptables, rendered: str, jumps: Iterable[JumpRule]) -> list[Difference]:
+def compare(
+    ipt: Iptables,
+    rendered: str,
+    jumps: Iterable[JumpRule],
+    canary: bool = True,
+    prepare: Sequence[Sequence[str]] = (),
+) -> list[Difference]:
     """The differences for one family (``rendered``: the backend's full restore input)."""
-    expected = expected_tables(ipt, expected_text(rendered, jumps))
+    expected = expected_tables(ipt, expected_text(rendered, jumps, canary), prepare)
     return differences(expected, kernel_tables(ipt), ipt.family_name)
