@@ -8,6 +8,7 @@ the backend without removing rules, so a restarted pyproxy takes over with traff
 from __future__ import annotations
 
 import faulthandler
+import ipaddress
 import logging
 import signal
 import sys
@@ -27,6 +28,7 @@ from pyproxy.model.types import IPFamily
 from pyproxy.serving.debug import DebugView
 from pyproxy.serving.health import (
     ProxyHealth,
+    Route,
     ServiceHealthServer,
     health_routes,
     metrics_routes,
@@ -148,11 +150,26 @@ class Daemon:
             try:
                 serve(
                     *self.cfg.metrics_address,
-                    metrics_routes(self.metrics.registry, self.cfg.mode, self.debug.routes()),
+                    metrics_routes(self.metrics.registry, self.cfg.mode, self.debug_routes()),
                     "metrics",
                 )
             except OSError as err:
                 log.error("cannot serve metrics on %s:%d: %s", *self.cfg.metrics_address, err)
+
+    def debug_routes(self) -> Route | None:
+        """/debug/* only on a loopback metrics address (the default): one open to the network
+        for Prometheus (the DaemonSet's) would show every service and endpoint to anything
+        that reaches the node. SIGUSR1 writes the same to the log either way."""
+        assert self.cfg.metrics_address is not None
+        try:
+            loopback = ipaddress.ip_address(self.cfg.metrics_address[0]).is_loopback
+        except ValueError:
+            loopback = self.cfg.metrics_address[0] == "localhost"
+        if not loopback:
+            log.info("/debug endpoints off: the metrics address %s is not loopback",
+                     self.cfg.metrics_address[0])  # fmt: skip
+            return None
+        return self.debug.routes()
 
     def start_sources(self) -> None:
         if self.cfg.source.manifests is not None:

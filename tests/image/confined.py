@@ -15,7 +15,6 @@ import argparse
 import ctypes
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 
 CAPS = {"NET_ADMIN": 12, "NET_RAW": 13, "NET_BIND_SERVICE": 10, "SYS_MODULE": 16,
@@ -35,7 +34,7 @@ def main() -> None:
     ap.add_argument("command", nargs="+")
     a = ap.parse_args()
 
-    new = tempfile.mkdtemp(prefix="pyproxy-confined-")
+    new = a.root  # bound onto itself: the read-only view lives in this mount namespace only
     mount("--bind", a.root, new)
     binds = [spec.split(":", 1) for spec in a.bind]
     for src, dst in binds:  # mount points, made (as a runtime does) before the root turns ro

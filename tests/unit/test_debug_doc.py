@@ -42,3 +42,17 @@ def test_rules_doc_keeps_one_per_tool_and_family_and_the_last_failure() -> None:
     assert big["truncated"] is True and big["bytes"] == TEXT_KEPT + 10
     assert len(big["text"]) == TEXT_KEPT
     assert doc["lastFailed"]["error"] == "line 2 failed"
+
+
+def test_debug_paths_only_on_a_loopback_metrics_address() -> None:
+    from pyproxy.cli.daemon import Daemon
+    from pyproxy.config.load import load
+
+    for address, served in (("127.0.0.1:10249", True), ("[::1]:10249", True),
+                            ("0.0.0.0:10249", False), ("192.0.2.7:10249", False)):  # fmt: skip
+        d = Daemon(load({"hostname_override": "n", "metrics_bind_address": address}))
+        route = d.debug_routes()
+        assert (route is not None) is served, address
+        if route is not None:
+            code, _, body = route("/debug/rules", {}) or (0, "", b"")
+            assert code == 200 and json.loads(body) == {"lastApplied": [], "lastFailed": None}

@@ -8,7 +8,6 @@ and built-in chains as multisets (a partial sync inserts a service's lines at th
 from __future__ import annotations
 
 import re
-import shlex
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
@@ -20,6 +19,8 @@ from pyproxy.kernel.scratch import ScratchError, run_in_scratch
 TABLES = ("filter", "nat", "mangle")
 ORDERED = re.compile(r"^KUBE-(SVC|SVL|EXT|FW|SEP)-")
 COMMENT = re.compile(r'--comment "?([^"\s/]+/[^"\s:]+)')
+JUMP = re.compile(r" -j (\S+)")
+QUOTED = re.compile(r'"[^"]*"')
 
 Tables = dict[str, dict[str, list[str]]]
 """table -> chain -> rule lines (pyproxy's chains whole; built-in chains: jumps to KUBE-)."""
@@ -33,10 +34,9 @@ def own(save: str, table: str) -> dict[str, list[str]]:
         if line.startswith(":KUBE-"):
             chains.setdefault(line[1:].split(" ", 1)[0], [])
         elif line.startswith("-A "):
-            words = shlex.split(line)
-            chain = words[1]
-            target = words[words.index("-j") + 1] if "-j" in words[:-1] else ""
-            if chain.startswith("KUBE-") or target.startswith("KUBE-"):
+            chain = line.split(" ", 2)[1]
+            jump = JUMP.search(QUOTED.sub('""', line))  # not a "-j" inside a comment
+            if chain.startswith("KUBE-") or (jump and jump.group(1).startswith("KUBE-")):
                 chains.setdefault(chain, []).append(line)
     return chains
 

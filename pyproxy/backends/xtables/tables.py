@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from pyproxy.backends.base import BackendError, BackendUnavailable
+from pyproxy.backends.xtables.compare import own
 from pyproxy.backends.xtables.rules import CANARY_TABLES, KUBE_PROXY_CANARY, JumpRule
 from pyproxy.kernel import nft
 from pyproxy.kernel.iptables import (
@@ -110,19 +111,13 @@ class DriftWatch:
 
 
 def own_lines(ipt: Iptables) -> Counter[str]:
-    """pyproxy's chains and rules in the kernel (a ``KUBE-`` chain, or a jump to one), as a
-    multiset: a partial sync inserts a service's top-level lines at the head, so their order
-    carries no meaning."""
+    """pyproxy's chains and rules in the kernel (``compare.own``), as a multiset: a partial
+    sync inserts a service's top-level lines at the head, so their order carries no meaning."""
     out: Counter[str] = Counter()
-    for table in ("filter", "nat", *CANARY_TABLES):
-        for line in ipt.save(table).splitlines():
-            words = line.split()
-            if line.startswith(":KUBE-"):
-                out[f"{table} {words[0]}"] += 1
-            elif line.startswith("-A ") and len(words) > 1:
-                target = words[words.index("-j") + 1] if "-j" in words[:-1] else ""
-                if words[1].startswith("KUBE-") or target.startswith("KUBE-"):
-                    out[f"{table} {line}"] += 1
+    for table in dict.fromkeys(("filter", "nat", *CANARY_TABLES)):
+        for chain, lines in own(ipt.save(table), table).items():
+            out[f"{table} :{chain}"] += 1
+            out.update(f"{table} {line}" for line in lines)
     return out
 
 
