@@ -246,12 +246,19 @@ def cleanup(mode: str, iptables_backend: str) -> None:
     metavar="URL",
     help="Ask a running pyproxy (its metrics address, e.g. http://127.0.0.1:10249).",
 )
+@click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text")
 def explain_cmd(
-    service: str, manifests: str | None, hostname_override: str | None, daemon_url: str | None
+    service: str,
+    manifests: str | None,
+    hostname_override: str | None,
+    daemon_url: str | None,
+    output: str,
 ) -> None:
     """Why SERVICE (namespace/name[:port]) reaches the endpoints it does, on this node."""
+    import json
+
     from pyproxy.model.types import NamespacedName
-    from pyproxy.tools.explain import explain
+    from pyproxy.tools.explain import explain, explain_data
 
     setup_logging("warning", "text", None)
     ns, slash, rest = service.partition("/")
@@ -259,7 +266,8 @@ def explain_cmd(
         raise ConfigError(f"SERVICE: {service!r} is not namespace/name[:port]")
     name, _, port = rest.partition(":")
     if daemon_url is not None:
-        click.echo(from_daemon(daemon_url, "/debug/explain?service=" + service), nl=False)
+        query = "/debug/explain?service=" + service + ("&output=json" if output == "json" else "")
+        click.echo(from_daemon(daemon_url, query), nl=False)
         return
     if manifests is None:
         raise ConfigError("--manifests or --from-daemon: one is required for explain")
@@ -267,7 +275,11 @@ def explain_cmd(
     if not directory.is_dir():
         raise ConfigError(f"--manifests: {manifests} is not a readable directory")
     state = load_manifest_state(directory, node_name(hostname_override))
-    click.echo(explain(state, NamespacedName(ns, name), port or None), nl=False)
+    svc = NamespacedName(ns, name)
+    if output == "json":
+        click.echo(json.dumps(explain_data(state, svc, port or None), indent=1))
+        return
+    click.echo(explain(state, svc, port or None), nl=False)
 
 
 @cli.command()

@@ -39,7 +39,7 @@ from pyproxy.sources.manifests import ManifestsSource
 from pyproxy.sync.runner import BoundedFrequencyRunner
 from pyproxy.sync.syncer import Syncer, SyncRecord
 from pyproxy.sync.tracker import ChangeTracker
-from pyproxy.tools.explain import explain
+from pyproxy.tools.explain import explain, explain_data
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,7 @@ class Daemon:
             skipped=lambda: list(self.tracker.skipped_recent),
             transactions=self.backend.transactions,
             explain=explain,
+            explain_data=explain_data,
         )
 
     def status(self) -> dict[str, Any]:

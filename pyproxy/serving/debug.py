@@ -93,6 +93,7 @@ class DebugView:
     skipped: Callable[[], list[tuple[str, str, str]]]
     transactions: TransactionLog
     explain: Callable[[ProxyState, NamespacedName, str | None], str]
+    explain_data: Callable[[ProxyState, NamespacedName, str | None], list[dict[str, Any]]]
 
     def state_doc(self) -> dict[str, Any]:
         return state_doc(self.state(), self.status(), self.skipped())
@@ -105,8 +106,11 @@ class DebugView:
         ns, _, rest = ref.partition("/")
         name, _, port = rest.partition(":")
         if not ns or not name:
-            return 400, "give ?service=NAMESPACE/NAME[:PORT]\n"
-        return 200, self.explain(self.state(), NamespacedName(ns, name), port or None)
+            return 400, "give ?service=NAMESPACE/NAME[:PORT][&output=json]\n"
+        svc, state = NamespacedName(ns, name), self.state()
+        if query.get("output") == "json":
+            return 200, json.dumps(self.explain_data(state, svc, port or None), indent=1) + "\n"
+        return 200, self.explain(state, svc, port or None)
 
     def routes(self) -> Route:
         def route(path: str, query: Mapping[str, str]) -> tuple[int, str, bytes] | None:

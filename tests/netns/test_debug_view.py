@@ -59,6 +59,10 @@ def test_state_rules_and_explain_show_the_service(world: World, proxy: Pyproxy) 
     assert get(world, f"{BASE}/debug/explain")["code"] == 400
     cli = world.exec(world.node, PYPROXY, "explain", "t/dbg", "--from-daemon", BASE)
     assert cli.stdout == r["body"]
+    (doc,) = json.loads(world.exec(world.node, PYPROXY, "explain", "t/dbg", "--from-daemon",
+                                   BASE, "-o", "json").stdout)  # fmt: skip
+    assert {e["endpoint"]: e["reason"] for e in doc["endpoints"]} == {
+        f"{world.pods[0].ip}:8080": "used", f"{world.pods[1].ip}:8080": "used"}  # fmt: skip
 
     # pyproxy status in every mode: the daemon's own view, then counters where the mode has them.
     lines = world.exec(world.node, PYPROXY, "status", "--from-daemon", BASE).stdout.splitlines()
