@@ -292,7 +292,13 @@ def explain_cmd(
     help="Also the running pyproxy's own status (its metrics address).",
 )
 @click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text")
-def status(iptables_backend: str, daemon_url: str | None, output: str) -> None:
+@click.option(
+    "--mode",
+    type=click.Choice(MODES),
+    default=None,
+    help="Whose counters to read (default: the daemon's mode, else iptables).",
+)
+def status(iptables_backend: str, daemon_url: str | None, output: str, mode: str | None) -> None:
     """The daemon's status (with --from-daemon: mode, last sync, pending changes, counts,
     skipped objects) and connections per service and endpoint from the rules' counters
     (iptables mode)."""
@@ -304,8 +310,31 @@ def status(iptables_backend: str, daemon_url: str | None, output: str) -> None:
 
     setup_logging("warning", "text", None)
     state = json.loads(from_daemon(daemon_url, "/debug/state")) if daemon_url else None
-    mode = state["mode"] if state else "iptables"
+    mode = mode or (state["mode"] if state else "iptables")
     counters = None
+    if mode == "ipvs":
+        from pyproxy.kernel import ipvs as kipvs
+        from pyproxy.tools.status import ipvs_report
+
+        try:
+            sock = kipvs.Ipvs()
+            try:
+                stats = sock.statistics()
+            finally:
+                sock.close()
+        except kipvs.IpvsError as err:
+            raise BackendUnavailable(str(err)) from None
+        if output == "json":
+            click.echo(json.dumps({
+                "daemon": {k: v for k, v in (state or {}).items() if k != "services"} or None,
+                "ipvs": [{"protocol": k[0], "address": k[1], "port": k[2], **asdict(vs),
+                          "realServers": [{"address": d[0], "port": d[1], **asdict(ds)}
+                                          for d, ds in sorted(dests.items())]}
+                         for k, (vs, dests) in sorted(stats.items())],
+            }, indent=1))  # fmt: skip
+            return
+        click.echo((summary(state) if state else "") + ipvs_report(stats), nl=False)
+        return
     if mode == "iptables":
         try:
             ipt = Iptables(detect_backend(iptables_backend, writes=False))

@@ -16,6 +16,7 @@ import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pyroute2 import IPVS, IPRoute, IPSet, IPVSDest, IPVSService
 from pyroute2.ipset import PortEntry
@@ -31,6 +32,30 @@ DestKey = tuple[str, int]
 
 class IpvsError(RuntimeError):
     pass
+
+
+@dataclass(frozen=True)
+class Stats:
+    """What the kernel counted for a virtual or real server since it was created."""
+
+    connections: int = 0
+    packets_in: int = 0
+    packets_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
+def _stats(msg: Any, nla: str, prefix: str) -> Stats:
+    """The 64-bit statistics of a dumped service or dest (pyroute2's from_message drops
+    them, so they are read from the message itself)."""
+    attrs = dict(msg.get(nla)["attrs"])
+    raw = attrs.get(f"{prefix}STATS64") or attrs.get(f"{prefix}STATS")
+    vals = dict(raw["attrs"]) if raw is not None else {}
+
+    def get(name: str) -> int:
+        return int(vals.get(f"IPVS_STATS_ATTR_{name}", 0) or 0)
+
+    return Stats(get("CONNS"), get("INPKTS"), get("OUTPKTS"), get("INBYTES"), get("OUTBYTES"))
 
 
 @dataclass(frozen=True)
@@ -94,6 +119,26 @@ class Ipvs:
             # re-issued an update for each persistent service).
             timeout = s.get("IPVS_SVC_ATTR_TIMEOUT", s.get("timeout", 0))
             out[key] = Service(str(s.get("sched_name", "")), int(timeout or 0))
+        return out
+
+    def statistics(self) -> dict[VSKey, tuple[Stats, dict[DestKey, Stats]]]:
+        """Every virtual server's counters, with its real servers' (``pyproxy status``)."""
+        out: dict[VSKey, tuple[Stats, dict[DestKey, Stats]]] = {}
+        try:
+            for msg in self.sock.service("dump"):
+                s = IPVSService.from_message(msg)
+                if s.get("fwmark"):
+                    continue
+                key = (int(s["protocol"]), str(s["addr"]), int(s["port"]))
+                dests = {}
+                for dm in self.sock.dest("dump", service=_svc(key)):
+                    d = IPVSDest.from_message(dm)
+                    dests[(str(d["addr"]), int(d["port"]))] = _stats(
+                        dm, "IPVS_CMD_ATTR_DEST", "IPVS_DEST_ATTR_"
+                    )
+                out[key] = (_stats(msg, "IPVS_CMD_ATTR_SERVICE", "IPVS_SVC_ATTR_"), dests)
+        except NetlinkError as err:
+            raise IpvsError(f"read IPVS statistics: {err}") from None
         return out
 
     def dests(self, key: VSKey) -> dict[DestKey, Dest]:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from pyproxy.kernel.iptables import Iptables
+from pyproxy.kernel.ipvs import Stats
 
 _COUNTED = re.compile(r"^\[(\d+):(\d+)\] -A (\S+) (.*)$")
 _COMMENT = re.compile(r'--comment (?:"([^"]*)"|(\S+))')
@@ -119,4 +121,28 @@ def summary(state: dict[str, Any]) -> str:
         + (", ".join(f"{n} {k}" for k, n in sorted(skipped.items())) if skipped else "none")
     )
     out += [f"  {s['kind']} {s['object']}: {s['reason']}" for s in state.get("skipped", [])[-10:]]
+    return "\n".join(out) + "\n"
+
+
+PROTOCOL_NAMES = {6: "TCP", 17: "UDP", 132: "SCTP"}
+
+
+def ipvs_report(stats: Mapping[tuple[int, str, int], tuple[Stats, Mapping[tuple[str, int], Stats]]]
+                ) -> str:  # fmt: skip
+    """IPVS mode: what the kernel counted per virtual server and real server (ipvsadm -Ln
+    --stats, from netlink)."""
+    if not stats:
+        return "no IPVS virtual servers in this network namespace\n"
+
+    def hostport(addr: str, port: int) -> str:
+        return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
+
+    head = f"{'VIRTUAL SERVER / REAL SERVER':36} {'CONNS':>8} {'INPKTS':>10} {'OUTPKTS':>10} "
+    out = [head + f"{'INBYTES':>12} {'OUTBYTES':>12}"]
+    for (proto, addr, port), (vs, dests) in sorted(stats.items()):
+        rows = [(f"{PROTOCOL_NAMES.get(proto, proto)} {hostport(addr, port)}", vs)]
+        rows += [(f"  -> {hostport(*d)}", s) for d, s in sorted(dests.items())]
+        for name, s in rows:
+            out.append(f"{name:36} {s.connections:>8} {s.packets_in:>10} {s.packets_out:>10} "
+                       f"{s.bytes_in:>12} {s.bytes_out:>12}")  # fmt: skip
     return "\n".join(out) + "\n"

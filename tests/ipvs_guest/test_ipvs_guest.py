@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -258,6 +259,29 @@ def test_diff_is_clean_then_names_a_deleted_real_server(world: World, proxy: Pyp
     assert "  IPVS virtual server -t 10.96.7.20:80" in block
     assert f"    - -a -t 10.96.7.20:80 -r {pod.ip}:8080 -w 1" in block
     proxy.remove("dif")
+
+
+def test_status_counts_every_connection(world: World, proxy: Pyproxy) -> None:
+    """``pyproxy status --mode ipvs``: the kernel's counters per virtual and real server grow
+    by exactly the connections made."""
+    proxy.write("cnt", *manifest_objects(world, svc("cnt", "10.96.7.21", [HTTP]),
+                                         pods(world, 1, 2), HTTP_EP))  # fmt: skip
+    reachable(world, "10.96.7.21")
+
+    def counts() -> tuple[int, int]:
+        doc = json.loads(world.exec(world.node, PYPROXY, "status", "--mode", "ipvs", "-o",
+                                    "json").stdout)  # fmt: skip
+        (vs,) = [v for v in doc["ipvs"] if (v["address"], v["port"]) == ("10.96.7.21", 80)]
+        return vs["connections"], sum(r["connections"] for r in vs["realServers"])
+
+    before = counts()
+    r = world.probe("tcp", "10.96.7.21", 80, count=30)
+    assert total(r) == 30
+    after = counts()
+    assert (after[0] - before[0], after[1] - before[1]) == (30, 30)
+    text = world.exec(world.node, PYPROXY, "status", "--mode", "ipvs").stdout
+    assert any(ln.split()[:2] == ["TCP", "10.96.7.21:80"] for ln in text.splitlines()), text
+    proxy.remove("cnt")
 
 
 def test_metric_families_are_the_modes_own(world: World, proxy: Pyproxy) -> None:
