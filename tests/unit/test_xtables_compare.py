@@ -9,6 +9,8 @@ SAVE = """*nat
 :KUBE-SVC-X - [0:0]
 :KUBE-SEP-Y - [0:0]
 :DOCKER - [0:0]
+:KUBE-KUBELET-CANARY - [0:0]
+-A PREROUTING -j KUBE-KUBELET-CANARY
 -A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
 -A PREROUTING -m comment --comment "not ours -j KUBE-Y" -j DOCKER
 -A PREROUTING -j ACCEPT
@@ -19,6 +21,7 @@ COMMIT
 
 
 def test_own_keeps_kube_chains_and_jumps_to_them_only() -> None:
+    """...and not the kubelet's (KUBE-KUBELET-CANARY is on every node)."""
     assert own(SAVE, "nat") == {
         "PREROUTING": [
             '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES'

@@ -22,6 +22,9 @@ COMMENT = re.compile(r'--comment "?([^"\s/]+/[^"\s:]+)')
 JUMP = re.compile(r" -j (\S+)")
 QUOTED = re.compile(r'"[^"]*"')
 
+KUBELET_CHAINS = frozenset({"KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT"})
+"""KUBE- chains the kubelet makes on every node: not pyproxy's, never a difference."""
+
 Tables = dict[str, dict[str, list[str]]]
 """table -> chain -> rule lines (pyproxy's chains whole; built-in chains: jumps to KUBE-)."""
 
@@ -32,11 +35,16 @@ def own(save: str, table: str) -> dict[str, list[str]]:
     chains: dict[str, list[str]] = {}
     for line in save.splitlines():
         if line.startswith(":KUBE-"):
-            chains.setdefault(line[1:].split(" ", 1)[0], [])
+            name = line[1:].split(" ", 1)[0]
+            if name not in KUBELET_CHAINS:
+                chains.setdefault(name, [])
         elif line.startswith("-A "):
             chain = line.split(" ", 2)[1]
             jump = JUMP.search(QUOTED.sub('""', line))  # not a "-j" inside a comment
-            if chain.startswith("KUBE-") or (jump and jump.group(1).startswith("KUBE-")):
+            target = jump.group(1) if jump else ""
+            if chain in KUBELET_CHAINS or target in KUBELET_CHAINS:
+                continue
+            if chain.startswith("KUBE-") or target.startswith("KUBE-"):
                 chains.setdefault(chain, []).append(line)
     return chains
 
