@@ -92,9 +92,8 @@ class Transaction:
 
 class TransactionLog:
     """The last transaction a backend applied (per tool and family) and the last one that
-    failed, with its error:
-    what ``/debug/rules`` and SIGUSR1 show (upstream's users ask for the last programmed
-    state, kubernetes/kubernetes#74677)."""
+    failed, with its error: what ``/debug/rules`` and SIGUSR1 show (upstream's users ask for
+    the last programmed state, kubernetes/kubernetes#74677)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
