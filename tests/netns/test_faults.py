@@ -135,6 +135,9 @@ def test_restore_killed_mid_transaction(
     proxy.write("c", *manifest_objects(world, svc("c", "10.96.41.1", [HTTP]), pods(world, 1),
                                        HTTP_EP))  # fmt: skip
     reachable(world, "10.96.41.1", timeout=30)
+    # The start's full sync must be over (its IPv6 transactions may still run after the IPv4
+    # rules answer): the restore killed below is then the next change's own.
+    wait_for(lambda: "synced fully" in proxy.log.read_text(), timeout=30, what="the first sync")
     fulls = proxy.log.read_text().count("synced fully")
     count, interval = 100, 0.05
     client = steady_client(world, "10.96.41.1", count, interval)
