@@ -35,9 +35,11 @@ rules, so a restart does not interrupt traffic.
 from __future__ import annotations
 
 import abc
+import contextlib
+import functools
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
@@ -100,6 +102,18 @@ class TransactionLog:
         self._applied: dict[str, Transaction] = {}
         self.failed: Transaction | None = None
 
+    @contextlib.contextmanager
+    def applying(self, what: str, text: str) -> Iterator[None]:
+        """Record the transaction the block applies: as failed, with the error, when the block
+        raises (which goes on), else as applied (an empty one is no transaction)."""
+        try:
+            yield
+        except Exception as err:
+            self.record(what, text, str(err))
+            raise
+        if text:
+            self.record(what, text)
+
     def record(self, what: str, text: str, error: str = "") -> None:
         t = Transaction(time.time(), what, text[:TEXT_KEPT], len(text), error)
         with self._lock:
@@ -132,14 +146,11 @@ class Difference:
 class Backend(abc.ABC):
     mode: str = ""
 
-    @property
+    @functools.cached_property
     def transactions(self) -> TransactionLog:
         """This backend's transaction log (made on first use: backends have no common
         constructor)."""
-        found: TransactionLog | None = self.__dict__.get("_transactions")
-        if found is None:
-            found = self.__dict__.setdefault("_transactions", TransactionLog())
-        return found
+        return TransactionLog()
 
     @abc.abstractmethod
     def sync(self, request: SyncRequest) -> SyncResult: ...

@@ -36,7 +36,7 @@ class Iptables:
     backend: str  # "nft" | "legacy"
     ipv6: bool = False
 
-    def _tool(self, suffix: str = "") -> str:
+    def tool(self, suffix: str = "") -> str:
         base = "ip6tables" if self.ipv6 else "iptables"
         return f"{base}-{self.backend}{suffix}"
 
@@ -44,13 +44,18 @@ class Iptables:
     def family_name(self) -> str:
         return "IPv6" if self.ipv6 else "IPv4"
 
+    @property
+    def restore_label(self) -> str:
+        """How /debug/rules names this tool's transactions: "IPv4 nft iptables-restore"."""
+        return f"{self.family_name} {self.backend} iptables-restore"
+
     def available(self) -> bool:
-        return shutil.which(self._tool("-restore")) is not None
+        return shutil.which(self.tool("-restore")) is not None
 
     def run(
         self, *args: str, check: bool = True, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
-        cmd = [self._tool(), "-w", LOCK_WAIT_SECONDS, *args]
+        cmd = [self.tool(), "-w", LOCK_WAIT_SECONDS, *args]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if check and res.returncode != 0:
             raise IptablesError(f"{' '.join(cmd)}: {res.stderr.strip() or res.returncode}")
@@ -58,7 +63,7 @@ class Iptables:
 
     def restore(self, data: str, counters: bool = True, timeout: float = 300) -> None:
         """One atomic iptables-restore --noflush transaction."""
-        cmd = [self._tool("-restore"), "-w", LOCK_WAIT_SECONDS, "--noflush"]
+        cmd = [self.tool("-restore"), "-w", LOCK_WAIT_SECONDS, "--noflush"]
         if counters:
             cmd.append("--counters")
         res = subprocess.run(cmd, input=data, capture_output=True, text=True, timeout=timeout)
@@ -71,14 +76,14 @@ class Iptables:
                 err = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
             m = re.search(r"line:? (\d+)", err)
             raise IptablesError(
-                f"{self._tool('-restore')} failed: {err}", int(m.group(1)) if m else None
+                f"{self.tool('-restore')} failed: {err}", int(m.group(1)) if m else None
             )
 
     def save(self, table: str, timeout: float = 120, counters: bool = False) -> str:
-        cmd = [self._tool("-save"), "-t", table, *(["-c"] if counters else [])]
+        cmd = [self.tool("-save"), "-t", table, *(["-c"] if counters else [])]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if res.returncode != 0:
-            raise IptablesError(f"{self._tool('-save')} -t {table}: {res.stderr.strip()}")
+            raise IptablesError(f"{self.tool('-save')} -t {table}: {res.stderr.strip()}")
         return res.stdout
 
     def works(self, timeout: float = 20) -> bool:
@@ -96,7 +101,7 @@ class Iptables:
         """Why this tool cannot hold pyproxy's rules here ("" when it can): it must list the
         nat table and (``writes``) create a chain in the filter and nat tables."""
         if not self.works():
-            return f"{self._tool()} cannot list the nat table"
+            return f"{self.tool()} cannot list the nat table"
         return self.write_problem() if writes else ""
 
     def write_problem(self) -> str:
@@ -108,9 +113,9 @@ class Iptables:
                     self.run("-t", table, "-X", PROBE_CHAIN, check=False)
                     continue
             except (OSError, subprocess.TimeoutExpired) as err:
-                return f"{self._tool()} -t {table} -N: {err}"
+                return f"{self.tool()} -t {table} -N: {err}"
             return (
-                f"{self._tool()} cannot create a chain in the {table} table: "
+                f"{self.tool()} cannot create a chain in the {table} table: "
                 + (res.stderr.strip().splitlines() or ["failed"])[-1]
             )
         return ""

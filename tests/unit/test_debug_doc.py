@@ -56,3 +56,17 @@ def test_debug_paths_only_on_a_loopback_metrics_address() -> None:
         if route is not None:
             code, _, body = route("/debug/rules", {}) or (0, "", b"")
             assert code == 200 and json.loads(body) == {"lastApplied": [], "lastFailed": None}
+
+
+def test_applying_records_success_and_failure_and_lets_the_error_through() -> None:
+    import pytest
+
+    log = TransactionLog()
+    with log.applying("IPv4 nft iptables-restore", "*nat\nCOMMIT\n"):
+        pass
+    with log.applying("IPVS netlink", ""):  # nothing to apply: no transaction
+        pass
+    with pytest.raises(RuntimeError), log.applying("IPVS netlink", "-A -t 10.96.0.1:80\n"):
+        raise RuntimeError("add virtual server: File exists")
+    assert [t.what for t in log.applied] == ["IPv4 nft iptables-restore"]
+    assert log.failed is not None and log.failed.error == "add virtual server: File exists"

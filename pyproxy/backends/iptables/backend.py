@@ -306,17 +306,15 @@ class IptablesBackend(Backend):
 
     def _restore(self, fam: _Family, text: str, partial: bool = False) -> None:
         fam.drift.wrote()
-        what = f"{fam.ipt.family_name} {fam.ipt.backend} iptables-restore"
         try:
-            fam.ipt.restore(text)
+            with self.transactions.applying(fam.ipt.restore_label, text):
+                fam.ipt.restore(text)
         except IptablesError as err:
-            self.transactions.record(what, text, str(err))
             if self.metrics is not None:
                 self.metrics.restore_failures.failed(fam.family, partial)
             where = f"\n{extract_lines(text, err.line)}" if err.line else ""
             log.error("%s restore failed: %s%s", fam.family.value, err, where)
             raise BackendError(f"{fam.family.value} iptables-restore failed: {err}") from None
-        self.transactions.record(what, text)
 
     # ---- cleanup --------------------------------------------------------------------------
 

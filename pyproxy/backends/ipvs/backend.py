@@ -332,46 +332,34 @@ class IpvsBackend(Backend):
 
     def _write(self, ipvs: kipvs.Ipvs, sets: kipvs.IpSets, types: dict[str, str], p: Plan) -> None:
         """ipset members, then kube-ipvs0's new addresses, virtual and real servers, and the
-        addresses no longer wanted."""
-        for name, stype in types.items():
-            for entry in sorted(p.ipset_add.get(name, ()), key=str):
-                sets.add(name, stype, entry)
-            for entry in sorted(p.ipset_delete.get(name, ()), key=str):
-                sets.delete(name, stype, entry)
-        kipvs.set_addresses(DUMMY, sorted(p.add_addresses), ())
-        self._apply_plan(ipvs, p)
-        kipvs.set_addresses(DUMMY, (), sorted(p.delete_addresses))
+        addresses no longer wanted; recorded for /debug/rules as one transaction."""
+        with self.transactions.applying("IPVS netlink", p.describe()):
+            for name, stype in types.items():
+                for entry in sorted(p.ipset_add.get(name, ()), key=str):
+                    sets.add(name, stype, entry)
+                for entry in sorted(p.ipset_delete.get(name, ()), key=str):
+                    sets.delete(name, stype, entry)
+            kipvs.set_addresses(DUMMY, sorted(p.add_addresses), ())
+            self._apply_plan(ipvs, p)
+            kipvs.set_addresses(DUMMY, (), sorted(p.delete_addresses))
 
     @staticmethod
     def _current(ipvs: kipvs.Ipvs) -> dict[kipvs.VSKey, CurrentService]:
         return {key: _current_of(ipvs, key, spec) for key, spec in ipvs.services().items()}
 
     def _apply_iptables(self, family: IPFamily, ipt: Iptables, text: str, full: bool) -> None:
-        what = f"{ipt.family_name} {ipt.backend} iptables-restore"
         try:
-            ipt.restore(text)  # declares every chain the jumps point to
+            with self.transactions.applying(ipt.restore_label, text):
+                ipt.restore(text)  # declares every chain the jumps point to
         except IptablesError as err:
-            self.transactions.record(what, text, str(err))
             if self.metrics is not None:
                 self.metrics.restore_failures.failed(family)
             raise BackendError(f"iptables-restore failed: {err}") from None
-        self.transactions.record(what, text)
         if full or not self._jumps_done:
             declared = {("nat", c) for c in NAT_CHAINS} | {("filter", c) for c in FILTER_CHAINS}
             ensure_jumps(ipt, JUMPS, declared)
 
     def _apply_plan(self, ipvs: kipvs.Ipvs, p: Plan) -> None:
-        text = p.describe()
-        try:
-            self._apply_plan_ops(ipvs, p)
-        except (kipvs.IpvsError, OSError) as err:
-            self.transactions.record("IPVS netlink", text, str(err))
-            raise
-        if text:
-            self.transactions.record("IPVS netlink", text)
-
-    @staticmethod
-    def _apply_plan_ops(ipvs: kipvs.Ipvs, p: Plan) -> None:
         for key, sched, timeout in p.add_services:
             ipvs.add_service(key, kipvs.Service(sched, timeout))
         for key, sched, timeout in p.update_services:

@@ -288,16 +288,14 @@ class NftablesBackend(Backend):
         return True
 
     def _run(self, nft: Nft, fam: _Family, text: str, fresh: bool = False) -> None:
-        what = f"{fam.family.value} nftables transaction"
         try:
-            nft.run(text, fresh=fresh)
+            with self.transactions.applying(f"{fam.family.value} nftables transaction", text):
+                nft.run(text, fresh=fresh)
         except NftError as err:
-            self.transactions.record(what, text, str(err))
             fam.trusted = False
             if self.metrics is not None:
                 self.metrics.sync_failures.labels(fam.family.value).inc()
             raise BackendError(f"{fam.family.value} nftables transaction failed: {err}") from None
-        self.transactions.record(what, text)
 
     def _partial(
         self, nft: Nft, fam: _Family, programmed: Rendered, updates: Updates, now: float

@@ -181,13 +181,11 @@ class UserspaceBackend(Backend):
         ports = self.relay.apply(wanted)
         text = render_rules(request.state, ports)
         t1 = time.monotonic()
-        what = f"{ipt.family_name} {ipt.backend} iptables-restore"
         try:
-            ipt.restore(text)
+            with self.transactions.applying(ipt.restore_label, text):
+                ipt.restore(text)
         except IptablesError as err:
-            self.transactions.record(what, text, str(err))
             raise BackendError(f"iptables-restore failed: {err}") from None
-        self.transactions.record(what, text)
         if request.full:
             declared = {("nat", c) for c in NAT_CHAINS} | {("filter", c) for c in FILTER_CHAINS}
             ensure_jumps(ipt, JUMPS, declared)

@@ -63,10 +63,9 @@ def expected_text(rendered: str, jumps: Iterable[JumpRule], canary: bool = True)
 
 def expected_tables(ipt: Iptables, text: str, prepare: Sequence[Sequence[str]] = ()) -> Tables:
     """``prepare``: commands run first in the scratch namespace (the ipsets IPVS rules match)."""
-    prefix = ("ip6tables" if ipt.ipv6 else "iptables") + f"-{ipt.backend}"
     steps: list[tuple[Sequence[str], str | None]] = [(argv, None) for argv in prepare]
-    steps.append(([f"{prefix}-restore", "--noflush"], text))
-    steps += [([f"{prefix}-save", "-t", t], None) for t in TABLES]
+    steps.append(([ipt.tool("-restore"), "--noflush"], text))
+    steps += [([ipt.tool("-save"), "-t", t], None) for t in TABLES]
     try:
         outs = run_in_scratch(steps)
     except ScratchError as err:
