@@ -39,7 +39,7 @@ import contextlib
 import functools
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
@@ -141,6 +141,30 @@ class Difference:
     """The object, in the mode's terms: "nat chain KUBE-SVC-...", "ip map service-ips"."""
     missing: tuple[str, ...] = ()
     unexpected: tuple[str, ...] = ()
+
+
+def ordered_changes(
+    want: Sequence[str], have: Sequence[str]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(missing, unexpected) lines of a list whose order counts (a chain's rules); the same
+    lines in another order make all of both."""
+    missing = tuple(x for x in want if x not in have)
+    unexpected = tuple(x for x in have if x not in want)
+    if not missing and not unexpected and list(want) != list(have):
+        return tuple(want), tuple(have)
+    return missing, unexpected
+
+
+def per_service(
+    obj: str, missing: Iterable[str], unexpected: Iterable[str], service_of: Callable[[str], str]
+) -> list[Difference]:
+    """Lines of one object that differ, as one Difference per service they belong to."""
+    groups: dict[str, tuple[list[str], list[str]]] = {}
+    for line in missing:
+        groups.setdefault(service_of(line), ([], []))[0].append(line)
+    for line in unexpected:
+        groups.setdefault(service_of(line), ([], []))[1].append(line)
+    return [Difference(svc, obj, tuple(m), tuple(u)) for svc, (m, u) in sorted(groups.items())]
 
 
 class Backend(abc.ABC):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from pyproxy.backends.base import BackendError, Difference
+from pyproxy.backends.base import BackendError, Difference, ordered_changes, per_service
 from pyproxy.kernel.nft import NftError, list_table
 from pyproxy.kernel.scratch import ScratchError, run_in_scratch
 
@@ -30,24 +30,18 @@ def parse(listing: str) -> dict[str, NftObject]:
     collecting = ""
     for raw in listing.splitlines():
         line = raw.strip()
-        if collecting:
+        if collecting or (current is not None and line.startswith("elements = {")):
             collecting += " " + line
-            if "}" in line:
+            inner = collecting.split("{", 1)[1]
+            if "}" in inner:  # the block ends on this line
                 assert current is not None
-                inner = collecting.split("{", 1)[1].rsplit("}", 1)[0]
+                inner = inner.rsplit("}", 1)[0]
                 current.elements |= {e.strip() for e in inner.split(",") if e.strip()}
                 collecting = ""
-            continue
-        if m := OBJECT.match(raw):
+        elif m := OBJECT.match(raw):
             current = out.setdefault(f"{m.group(1)} {m.group(2)}", NftObject())
         elif line == "}":
             current = None
-        elif current is not None and line.startswith("elements = {"):
-            collecting = line
-            if "}" in line.split("{", 1)[1]:
-                collecting = ""
-                inner = line.split("{", 1)[1].rsplit("}", 1)[0]
-                current.elements |= {e.strip() for e in inner.split(",") if e.strip()}
         elif current is not None and line:
             current.body.append(line)
     return out
@@ -75,18 +69,11 @@ def differences(want: dict[str, NftObject], have: dict[str, NftObject], where: s
                                   lines if w is None else ()))  # fmt: skip
             continue
         if w.body != h.body:
-            missing = tuple(x for x in w.body if x not in h.body)
-            unexpected = tuple(x for x in h.body if x not in w.body)
-            if not missing and not unexpected:
-                missing, unexpected = tuple(w.body), tuple(h.body)
+            missing, unexpected = ordered_changes(w.body, h.body)
             out.append(Difference(_service(name, *missing, *unexpected), obj, missing, unexpected))
-        by_service: dict[str, tuple[list[str], list[str]]] = {}
-        for e in sorted(w.elements - h.elements):
-            by_service.setdefault(_service(e), ([], []))[0].append(f"element {e}")
-        for e in sorted(h.elements - w.elements):
-            by_service.setdefault(_service(e), ([], []))[1].append(f"element {e}")
-        for svc, (m, u) in sorted(by_service.items()):
-            out.append(Difference(svc, obj, tuple(m), tuple(u)))
+        gone = (f"element {e}" for e in sorted(w.elements - h.elements))
+        extra = (f"element {e}" for e in sorted(h.elements - w.elements))
+        out += per_service(obj, gone, extra, _service)
     return out
 
 

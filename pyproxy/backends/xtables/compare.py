@@ -11,7 +11,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from pyproxy.backends.base import BackendError, Difference
+from pyproxy.backends.base import BackendError, Difference, ordered_changes, per_service
 from pyproxy.backends.xtables.rules import CANARY_TABLES, KUBE_PROXY_CANARY, JumpRule
 from pyproxy.kernel.iptables import Iptables, IptablesError, rule_line
 from pyproxy.kernel.scratch import ScratchError, run_in_scratch
@@ -102,20 +102,11 @@ def differences(expected: Tables, actual: Tables, family: str) -> list[Differenc
             w, h = w or [], h or []  # a built-in chain: only its jumps to pyproxy's chains
             if ORDERED.match(chain):
                 if w != h:
-                    missing = tuple(x for x in w if x not in h)
-                    unexpected = tuple(x for x in h if x not in w)
-                    if not missing and not unexpected:  # the same rules in another order
-                        missing, unexpected = tuple(w), tuple(h)
-                    out.append(Difference(_service(w + h), obj, missing, unexpected))
+                    out.append(Difference(_service(w + h), obj, *ordered_changes(w, h)))
                 continue
-            missing_c, unexpected_c = Counter(w) - Counter(h), Counter(h) - Counter(w)
-            by_service: dict[str, tuple[list[str], list[str]]] = {}
-            for line in missing_c.elements():
-                by_service.setdefault(_service([line]), ([], []))[0].append(line)
-            for line in unexpected_c.elements():
-                by_service.setdefault(_service([line]), ([], []))[1].append(line)
-            for svc, (m, u) in sorted(by_service.items()):
-                out.append(Difference(svc, obj, tuple(m), tuple(u)))
+            missing, unexpected = Counter(w) - Counter(h), Counter(h) - Counter(w)
+            out += per_service(obj, missing.elements(), unexpected.elements(),
+                               lambda line: _service([line]))  # fmt: skip
     return out
 
 
