@@ -56,6 +56,15 @@ def _bool_opt(name: str, help: str) -> Decorator:
                 metavar="[=true|false]", help=help)  # fmt: skip
 
 
+OUTPUT_OPTION = click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text")
+"""The tools' ``-o text|json``."""
+
+
+def _from_daemon_option(help: str) -> Decorator:
+    """``--from-daemon URL``: a running pyproxy's metrics address, where it serves /debug."""
+    return click.option("--from-daemon", "daemon_url", default=None, metavar="URL", help=help)
+
+
 def _mode_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return _opt(
         "mode", "--mode", type=click.Choice(MODES), show_default=True, help="Proxy backend."
@@ -185,7 +194,7 @@ def render(ctx: click.Context, /, **params: Any) -> None:
 @_rule_options
 @_opt("kubeconfig", help="Path to a kubeconfig file.")
 @_opt("master", help="API server address (overrides the kubeconfig).")
-@click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text")
+@OUTPUT_OPTION
 @click.pass_context
 def diff(ctx: click.Context, /, output: str, **params: Any) -> None:
     """Compare pyproxy's objects in this network namespace's kernel with what it would program
@@ -239,14 +248,8 @@ def cleanup(mode: str, iptables_backend: str) -> None:
 @click.argument("service")
 @click.option("--manifests", default=None, help="Objects from the YAML files in DIR.")
 @click.option("--hostname-override", "--node", "hostname_override", default=None)
-@click.option(
-    "--from-daemon",
-    "daemon_url",
-    default=None,
-    metavar="URL",
-    help="Ask a running pyproxy (its metrics address, e.g. http://127.0.0.1:10249).",
-)
-@click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text")
+@_from_daemon_option("Ask a running pyproxy (its metrics address, e.g. http://127.0.0.1:10249).")
+@OUTPUT_OPTION
 def explain_cmd(
     service: str,
     manifests: str | None,
@@ -284,14 +287,8 @@ def explain_cmd(
 
 @cli.command()
 @_opt("iptables_backend", type=click.Choice(IPTABLES_BACKENDS), help="iptables back end.")
-@click.option(
-    "--from-daemon",
-    "daemon_url",
-    default=None,
-    metavar="URL",
-    help="Also the running pyproxy's own status (its metrics address).",
-)
-@click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text")
+@_from_daemon_option("Also the running pyproxy's own status (its metrics address).")
+@OUTPUT_OPTION
 @click.option(
     "--mode",
     type=click.Choice(MODES),
@@ -311,30 +308,22 @@ def status(iptables_backend: str, daemon_url: str | None, output: str, mode: str
     setup_logging("warning", "text", None)
     state = json.loads(from_daemon(daemon_url, "/debug/state")) if daemon_url else None
     mode = mode or (state["mode"] if state else "iptables")
-    counters = None
+    daemon = {k: v for k, v in (state or {}).items() if k != "services"} or None
+    head = summary(state) if state else ""
     if mode == "ipvs":
-        from pyproxy.kernel import ipvs as kipvs
-        from pyproxy.tools.status import ipvs_report
+        from pyproxy.kernel.ipvs import IpvsError
+        from pyproxy.tools.status import ipvs_doc, ipvs_report, read_ipvs
 
         try:
-            sock = kipvs.Ipvs()
-            try:
-                stats = sock.statistics()
-            finally:
-                sock.close()
-        except kipvs.IpvsError as err:
+            stats = read_ipvs()
+        except IpvsError as err:
             raise BackendUnavailable(str(err)) from None
         if output == "json":
-            click.echo(json.dumps({
-                "daemon": {k: v for k, v in (state or {}).items() if k != "services"} or None,
-                "ipvs": [{"protocol": k[0], "address": k[1], "port": k[2], **asdict(vs),
-                          "realServers": [{"address": d[0], "port": d[1], **asdict(ds)}
-                                          for d, ds in sorted(dests.items())]}
-                         for k, (vs, dests) in sorted(stats.items())],
-            }, indent=1))  # fmt: skip
-            return
-        click.echo((summary(state) if state else "") + ipvs_report(stats), nl=False)
+            click.echo(json.dumps({"daemon": daemon, "ipvs": ipvs_doc(stats)}, indent=1))
+        else:
+            click.echo(head + ipvs_report(stats), nl=False)
         return
+    counters = None
     if mode == "iptables":
         try:
             ipt = Iptables(detect_backend(iptables_backend, writes=False))
@@ -343,17 +332,16 @@ def status(iptables_backend: str, daemon_url: str | None, output: str, mode: str
         counters = read(ipt)
     if output == "json":
         doc = {
-            "daemon": {k: v for k, v in (state or {}).items() if k != "services"} or None,
+            "daemon": daemon,
             "counters": {k: asdict(v) for k, v in counters.items()} if counters else None,
         }
         click.echo(json.dumps(doc, indent=1))
         return
-    text = summary(state) if state else ""
     if counters is not None:
-        text += report(counters)
+        head += report(counters)
     else:
-        text += f"per-service counters: not read in {mode} mode yet\n"
-    click.echo(text, nl=False)
+        head += f"per-service counters: not read in {mode} mode yet\n"
+    click.echo(head, nl=False)
 
 
 def from_daemon(url: str, path: str) -> str:

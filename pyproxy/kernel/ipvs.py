@@ -75,6 +75,18 @@ class Dest:
     inactive: int = 0
 
 
+BITMAP_PORTS = (0, 65535)
+"""The range of a bitmap:port set (NodePorts): every port."""
+
+
+def ipset_create_argv(name: str, stype: str, ipv6: bool) -> list[str]:
+    """The ``ipset create`` command for a set as IpSets.ensure makes it (pyproxy diff loads
+    one in a scratch namespace)."""
+    if stype == "bitmap:port":
+        return ["ipset", "create", name, stype, "range", "{}-{}".format(*BITMAP_PORTS)]
+    return ["ipset", "create", name, stype, "family", "inet6" if ipv6 else "inet"]
+
+
 def socket_family(ipv6: bool) -> int:
     return socket.AF_INET6 if ipv6 else socket.AF_INET
 
@@ -247,7 +259,7 @@ class IpSets:
             return
         kw: dict[str, object] = {}
         if stype == "bitmap:port":
-            kw["bitmap_ports_range"] = (0, 65535)
+            kw["bitmap_ports_range"] = BITMAP_PORTS
         else:
             kw["family"] = family
         self.sock.create(name, stype=stype, **kw)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from pyproxy.kernel.iptables import Iptables
-from pyproxy.kernel.ipvs import Stats
+from pyproxy.kernel.ipvs import Ipvs, Stats
 
 _COUNTED = re.compile(r"^\[(\d+):(\d+)\] -A (\S+) (.*)$")
 _COMMENT = re.compile(r'--comment (?:"([^"]*)"|(\S+))')
@@ -146,3 +146,24 @@ def ipvs_report(stats: Mapping[tuple[int, str, int], tuple[Stats, Mapping[tuple[
             out.append(f"{name:36} {s.connections:>8} {s.packets_in:>10} {s.packets_out:>10} "
                        f"{s.bytes_in:>12} {s.bytes_out:>12}")  # fmt: skip
     return "\n".join(out) + "\n"
+
+
+def read_ipvs() -> dict[tuple[int, str, int], tuple[Stats, dict[tuple[str, int], Stats]]]:
+    """Every virtual server's counters with its real servers' (raises IpvsError)."""
+    sock = Ipvs()
+    try:
+        return sock.statistics()
+    finally:
+        sock.close()
+
+
+def ipvs_doc(
+    stats: Mapping[tuple[int, str, int], tuple[Stats, Mapping[tuple[str, int], Stats]]],
+) -> list[dict[str, Any]]:
+    """``status -o json`` in IPVS mode."""
+    return [
+        {"protocol": k[0], "address": k[1], "port": k[2], **asdict(vs),
+         "realServers": [{"address": d[0], "port": d[1], **asdict(ds)}
+                         for d, ds in sorted(dests.items())]}
+        for k, (vs, dests) in sorted(stats.items())
+    ]  # fmt: skip

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry, Gauge
@@ -100,6 +101,17 @@ def _current_of(ipvs: kipvs.Ipvs, key: VSKey, spec: kipvs.Service) -> CurrentSer
 
 def _family_of(key: VSKey) -> IPFamily:
     return IPFamily.IPV6 if ":" in key[1] else IPFamily.IPV4
+
+
+def _merged(per_family: Iterable[Desired]) -> Desired:
+    """One desired state for both families (virtual servers, addresses and ipsets are keyed by
+    address, so they never collide)."""
+    merged = Desired(ipsets={})
+    for d in per_family:
+        merged.services.update(d.services)
+        merged.addresses |= d.addresses
+        merged.ipsets.update(d.ipsets)
+    return merged
 
 
 class IpvsBackend(Backend):
@@ -222,11 +234,7 @@ class IpvsBackend(Backend):
     ) -> None:
         """Read the kernel, write every difference, and start trusting the view."""
         per_family = {f: t.desired() for f, t in tables.items()}
-        merged = Desired(ipsets={})
-        for d in per_family.values():
-            merged.services.update(d.services)
-            merged.addresses |= d.addresses
-            merged.ipsets.update(d.ipsets)
+        merged = _merged(per_family.values())
         types = self._set_types()
         sets = kipvs.IpSets()
         try:
@@ -259,18 +267,12 @@ class IpvsBackend(Backend):
         state = replace(state, node=state.node.with_local_addresses(local))
         tables = {f: Table.build(state, self.configs[f]) for f in ipt}
         per_family = {f: t.desired() for f, t in tables.items()}
-        out: list[Difference] = []
-        merged = Desired(ipsets={})
+        merged = _merged(per_family.values())
         types = self._set_types()
-        ipsets = [["ipset", "create", name, stype,
-                   *(["range", "0-65535"] if stype == "bitmap:port" else
-                     ["family", "inet6" if name.startswith("KUBE-6-") else "inet"])]
-                  for name, stype in types.items()]  # fmt: skip
+        ipsets = [kipvs.ipset_create_argv(n, t, n.startswith("KUBE-6-")) for n, t in types.items()]
+        out: list[Difference] = []
         for family, d in per_family.items():
             out += xtables_compare(ipt[family], d.iptables, JUMPS, canary=False, prepare=ipsets)
-            merged.services.update(d.services)
-            merged.addresses |= d.addresses
-            merged.ipsets.update(d.ipsets)
         sets, ipvs = kipvs.IpSets(), kipvs.Ipvs()
         try:
             members = {name: sets.members(name, stype) for name, stype in types.items()}

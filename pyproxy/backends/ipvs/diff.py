@@ -131,7 +131,7 @@ class Plan:
                         tuple(sorted(map(str, delete))),
                     )
                 )
-        return out  # fmt: skip
+        return out
 
     def empty(self) -> bool:
         return not (
