@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
+from pyproxy.backends.trace import Packet, Trace
 from pyproxy.model.types import IPFamily, NamespacedName, ProxyState
 
 
@@ -193,6 +194,11 @@ class Backend(abc.ABC):
         """pyproxy's own objects in this namespace's kernel against what it would program for
         ``state``, normalized (counters, handles, element order); [] when they agree."""
         raise BackendUnavailable(f"pyproxy diff does not support {self.mode} mode yet")
+
+    def trace(self, state: ProxyState, packet: Packet) -> Trace:
+        """Follow ``packet`` through the objects this mode renders for ``state`` (whose node
+        carries this host's local addresses). Pure: reads the render, never the kernel."""
+        raise BackendUnavailable(f"pyproxy trace does not support {self.mode} mode yet")
 
     def prepare(self) -> None:  # noqa: B027 - optional hook
         """Check, before any source starts, that the mode can work on this host: tools,

@@ -214,6 +214,63 @@ def diff(ctx: click.Context, /, output: str, **params: Any) -> None:
     ctx.exit(1 if diffs else 0)
 
 
+@cli.command("trace")
+@_mode_option
+@_rule_options
+@_opt("kubeconfig", help="Path to a kubeconfig file.")
+@_opt("master", help="API server address (overrides the kubeconfig).")
+@click.option("--from", "src", required=True, metavar="IP", help="The client's address.")
+@click.option(
+    "--to",
+    "dest",
+    required=True,
+    metavar="ADDRESS:PORT",
+    help="Where it connects: a cluster, external, load-balancer or node IP and port.",
+)
+@click.option(
+    "--protocol", type=click.Choice(["tcp", "udp", "sctp"]), default="tcp", show_default=True
+)
+@OUTPUT_OPTION
+@click.pass_context
+def trace_cmd(ctx: click.Context, /, src: str, dest: str, protocol: str, output: str,
+              **params: Any) -> None:  # fmt: skip
+    """Follow the first packet of a connection through the rules pyproxy renders for the
+    current objects (--manifests DIR, or the API server's) and this namespace's addresses:
+    each rule it matches, the endpoints it reaches with their probabilities, masquerading,
+    and where it is dropped or rejected. Status 0, or 2 on a usage error."""
+    import ipaddress
+
+    from pyproxy.backends.trace import Packet
+    from pyproxy.kernel.addresses import local_addresses
+    from pyproxy.model.types import Protocol
+    from pyproxy.tools.trace import report
+
+    setup_logging("warning", "text", None)
+    try:
+        client = ipaddress.ip_address(src)
+    except ValueError:
+        raise ConfigError(f"--from: {src!r} is not an IP address") from None
+    host, colon, port = dest.rpartition(":")
+    try:
+        to = ipaddress.ip_address(host.strip("[]"))
+        number = int(port)
+    except ValueError:
+        raise ConfigError(f"--to: {dest!r} is not ADDRESS:PORT") from None
+    if not colon or not 0 < number < 65536 or to.version != client.version:
+        raise ConfigError(f"--to: {dest!r} is not ADDRESS:PORT of --from's IP family")
+    cfg = _config(ctx, params)
+    backend = registry.create(cfg)
+    if cfg.source.manifests is not None:
+        state = load_manifest_state(cfg.source.manifests, cfg.node_name)
+    else:
+        state = load_api_state(cfg)
+    from dataclasses import replace
+
+    state = replace(state, node=state.node.with_local_addresses(tuple(local_addresses())))
+    packet = Packet(client, to, number, Protocol(protocol.upper()))
+    click.echo(report(backend.trace(state, packet), output), nl=False)
+
+
 def load_api_state(cfg: ProxyConfig) -> ProxyState:
     """One list of every kind from the API server, as the daemon's first sync sees it."""
     from pyproxy.model.events import Event, EventType

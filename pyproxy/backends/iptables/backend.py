@@ -53,6 +53,7 @@ from pyproxy.backends.local_addresses import with_local_addresses
 from pyproxy.backends.metrics import FAMILY, RestoreFailures, SyncDurations
 from pyproxy.backends.stale_conntrack import stale_filters
 from pyproxy.backends.sysctls import require_sysctls
+from pyproxy.backends.trace import Packet, Trace
 from pyproxy.backends.xtables.compare import compare as xtables_compare
 from pyproxy.backends.xtables.rules import KUBE_MARK_MASQ, KUBE_PROXY_CANARY
 from pyproxy.backends.xtables.tables import (
@@ -63,6 +64,7 @@ from pyproxy.backends.xtables.tables import (
     ensure_jumps,
     open_tables,
 )
+from pyproxy.backends.xtables.walk import Walker
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.kernel import conntrack
 from pyproxy.kernel.iptables import Iptables, IptablesError, chains_in_save, extract_lines
@@ -163,6 +165,12 @@ class IptablesBackend(Backend):
             cfg = self.configs[family]
             out += xtables_compare(ipt, Renderer(cfg).full(state).text(), cfg.jump_rules())
         return out
+
+    def trace(self, state: ProxyState, packet: Packet) -> Trace:
+        cfg = self.configs[packet.family]
+        text = Renderer(cfg).full(state).text()
+        walker = Walker(text, cfg.jump_rules(), state.node.local_addresses, cfg.mark)
+        return Trace(packet, self.mode, tuple(walker.walk(packet)))
 
     # ---- sync -----------------------------------------------------------------------------
 

@@ -40,7 +40,9 @@ from pyproxy.backends.nftables.render import (
     localhost_reject_counter,
 )
 from pyproxy.backends.nftables.table import Rendered, Renderer, Updates
+from pyproxy.backends.nftables.walk import Walker
 from pyproxy.backends.stale_conntrack import stale_filters
+from pyproxy.backends.trace import Packet, Trace
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.kernel import conntrack
 from pyproxy.kernel.nft import Nft, NftError
@@ -174,6 +176,11 @@ class NftablesBackend(Backend):
             r = Renderer(cfg).full(state)
             out += nft_compare(cfg.nft_family, TABLE, tx.full(r, tx.Mirror(), (), (), 0))
         return out
+
+    def trace(self, state: ProxyState, packet: Packet) -> Trace:
+        r = Renderer(self.configs[packet.family]).full(state)
+        walker = Walker(tx.full(r, tx.Mirror(), (), (), 0), state.node.local_addresses)
+        return Trace(packet, self.mode, tuple(walker.walk(packet)))
 
     # ---- set-up ---------------------------------------------------------------------------
 

@@ -1,0 +1,336 @@
+"""``pyproxy trace`` in nftables mode: follow the first packet of a connection through the
+rendered ``nft -f`` text of table kube-proxy: its base chains hook by hook in priority order,
+the verdict maps (service-ips, service-nodeports, firewall-ips, no-endpoint-*) by their
+elements, numgen's random choice as equal branches. Pure: it reads the render, never the
+kernel.
+
+Only the expressions pyproxy renders are known; anything else is a TraceError, so a rule the
+walk cannot read is never silently taken for one that does not match.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from pyproxy.backends.trace import (
+    AFFINITY_NOTE,
+    DNAT,
+    DROP,
+    REJECT,
+    Flow,
+    Outcome,
+    Packet,
+    TraceError,
+    outcome,
+)
+from pyproxy.model.types import IPAddress
+
+
+@dataclass
+class Table:
+    hooks: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    """hook -> (priority, base chain)."""
+    rules: dict[str, list[str]] = field(default_factory=dict)
+    elements: dict[str, dict[tuple[str, ...], str]] = field(default_factory=dict)
+    """set or map -> key parts -> verdict ("" for a set)."""
+
+
+def _body(line: str, words: int) -> str:
+    """``line`` without its first ``words`` words (``add rule ip kube-proxy CHAIN``: 5)."""
+    return line.split(None, words)[words] if len(line.split(None, words)) > words else ""
+
+
+def parse(text: str) -> Table:
+    t = Table()
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) < 5 or words[0] not in ("add", "flush", "delete"):
+            continue
+        verb, kind, name = words[0], words[1], words[4]
+        if kind == "chain":
+            if verb == "add" and " hook " in line:
+                tokens = line.split()
+                hook = tokens[tokens.index("hook") + 1]
+                prio = int(tokens[tokens.index("priority") + 1])
+                t.hooks.setdefault(hook, []).append((prio, name))
+            if verb in ("flush", "delete") or name not in t.rules:
+                t.rules[name] = []
+        elif kind == "rule":
+            t.rules.setdefault(name, []).append(_body(line, 5))
+        elif kind in ("set", "map"):
+            if verb in ("flush", "delete") or name not in t.elements:
+                t.elements[name] = {}
+        elif kind == "element":
+            inner = _body(line, 5).strip().removeprefix("{").removesuffix("}").strip()
+            key, _, value = inner.partition(" : ")
+            key = key.split(" comment ", 1)[0]
+            t.elements.setdefault(name, {})[tuple(k.strip() for k in key.split(" . "))] = (
+                value.strip()
+            )
+    for chains in t.hooks.values():
+        chains.sort()
+    return t
+
+
+def _in(addr: IPAddress, value: str) -> bool:
+    return addr in ipaddress.ip_network(value.rstrip(","), strict=False)
+
+
+class Walker:
+    def __init__(self, text: str, local: Iterable[IPAddress]) -> None:
+        self.table = parse(text)
+        self.local = frozenset(local)
+
+    def is_local(self, addr: IPAddress) -> bool:
+        return addr in self.local or addr.is_loopback
+
+    # ---- one rule -------------------------------------------------------------------------
+
+    def _key(self, part: str, packet: Packet, f: Flow) -> str:
+        if part in ("ip daddr", "ip6 daddr"):
+            return str(f.dst)
+        if part in ("ip saddr", "ip6 saddr"):
+            return str(packet.src)
+        if part == "meta l4proto":
+            return packet.protocol.value.lower()
+        if part == "th dport":
+            return str(f.port)
+        raise TraceError(f"trace cannot follow the key {part!r}")
+
+    def _lookup(self, name: str, key: tuple[str, ...]) -> str | None:
+        elements = self.table.elements.get(name)
+        if elements is None:
+            raise TraceError(f"no set or map {name} in the render")
+        for k, v in elements.items():
+            if len(k) == len(key) and all(_elem_match(e, x) for e, x in zip(k, key, strict=True)):
+                return v
+        return None
+
+    def rule(self, chain: str, rule: str, packet: Packet,
+             flow: Flow) -> list[tuple[Flow, str]]:  # fmt: skip
+        """Run one rule: the branches, each with the verdict it reached ("" to go on to the
+        next rule, "jump X"/"goto X", "return", or a terminal: accept, drop, reject, dnat,
+        masquerade)."""
+        words = shlex.split(rule)
+        rule = f"chain {chain}: {rule}"
+        i = 0
+        flows: list[tuple[Flow, str]] = []
+        f = flow
+        while i < len(words):
+            w = words[i]
+            rest = words[i:]
+            if w == "comment":
+                i += 2
+                continue
+            if w == "counter":
+                i += 3 if len(words) > i + 1 and words[i + 1] == "name" else 1
+                continue
+            if rest[:3] == ["ct", "state", "new"]:
+                i += 3
+                continue
+            if rest[:3] == ["ct", "status", "dnat"]:
+                if not f.dnat:
+                    return [(flow, "")]
+                i += 3
+                continue
+            if rest[:2] == ["fib", "daddr"] or rest[:2] == ["fib", "saddr"]:
+                addr = f.dst if words[i + 1] == "daddr" else packet.src
+                if rest[2:4] != ["type", "local"]:
+                    raise TraceError(f"trace cannot follow {' '.join(rest[:4])} in: {rule}")
+                if not self.is_local(addr):
+                    return [(flow, "")]
+                i += 4
+                continue
+            if w in ("ip", "ip6", "meta", "th") and i + 1 < len(words):
+                # A key, maybe concatenated (a . b . c), then a comparison or lookup.
+                parts = [f"{w} {words[i + 1]}"]
+                j = i + 2
+                if parts[0] == "meta l4proto" and j < len(words) and words[j] in (
+                    "tcp", "udp", "sctp"
+                ):  # fmt: skip
+                    if words[j] != packet.protocol.value.lower():
+                        return [(flow, "")]
+                    i = j + 1
+                    continue
+                while j + 2 < len(words) and words[j] == ".":
+                    parts.append(f"{words[j + 1]} {words[j + 2]}")
+                    j += 3
+                key = tuple(self._key(p, packet, f) for p in parts)
+                op = words[j]
+                if op == "vmap":
+                    verdict = self._lookup(words[j + 1].lstrip("@"), key)
+                    if verdict is None:
+                        return [(flow, "")]
+                    f.steps.append(f"{rule}  [element {' . '.join(key)} : {verdict}]")
+                    return [(f, verdict)]
+                negated = op == "!="
+                if negated:
+                    j += 1
+                value = words[j]
+                if value.startswith("@"):
+                    if value.startswith("@affinity-"):
+                        flow.notes.append(AFFINITY_NOTE)
+                    found = self._lookup(value[1:], key) is not None
+                    j += 1
+                elif value == "{":
+                    end = words.index("}", j)
+                    found = any(_in(ipaddress.ip_address(key[0]), v)
+                                for v in words[j + 1 : end] if v != ",")  # fmt: skip
+                    j = end + 1
+                else:
+                    found = _in(ipaddress.ip_address(key[0]), value)
+                    j += 1
+                if found == negated:
+                    return [(flow, "")]
+                i = j
+                continue
+            if rest[:2] == ["mark", "and"]:
+                mask, cmp, val = int(words[i + 2], 0), words[i + 3], int(words[i + 4], 0)
+                if (f.mark & mask != val) != (cmp == "!="):
+                    return [(flow, "")]
+                i += 5
+                continue
+            if rest[:4] == ["mark", "set", "mark", "or"]:
+                f = _matched(f, flow, rule)
+                f.mark |= int(words[i + 4], 0)
+                i += 5
+                continue
+            if rest[:4] == ["mark", "set", "mark", "xor"]:
+                f = _matched(f, flow, rule)
+                f.mark ^= int(words[i + 4], 0)
+                i += 5
+                continue
+            if w == "update":
+                i = words.index("}", i) + 1
+                continue
+            if w in ("jump", "goto"):
+                return [(_matched(f, flow, rule), f"{w} {words[i + 1]}")]
+            if w in ("accept", "drop", "reject", "return"):
+                return [(_matched(f, flow, rule), w)]
+            if w == "masquerade":
+                f = _matched(f, flow, rule)
+                f.masquerade = True
+                return [(f, "masquerade")]
+            if w == "numgen":
+                n = int(words[i + 3])
+                end = words.index("}", i)
+                pairs = " ".join(words[i + 6 : end]).split(" , ")
+                for pair in pairs:
+                    _, _, target = pair.partition(" : ")
+                    g = _matched(f, flow, rule).fork(f.probability / n)
+                    if words[i + 4] == "vmap":
+                        g.steps[-1] += f"  [{pair}]"
+                        flows.append((g, target))
+                    else:
+                        raise TraceError(f"trace cannot follow numgen {words[i + 4]} in: {rule}")
+                return flows
+            if w == "dnat":
+                return self._dnat(words[i:], rule, _matched(f, flow, rule))
+            raise TraceError(f"trace cannot follow {w!r} in: {rule}")
+        return [(f, "")]
+
+    def _dnat(self, words: list[str], rule: str, f: Flow) -> list[tuple[Flow, str]]:
+        if words[1] == "to":
+            targets = [words[2]]
+        elif words[2:6] == ["addr", ".", "port", "to"] and words[6] == "numgen":
+            end = words.index("}")
+            pairs = " ".join(words[12:end]).split(" , ")
+            targets = [":".join(p.partition(" : ")[2].split(" . ")) for p in pairs]
+        else:
+            raise TraceError(f"trace cannot follow this dnat: {rule}")
+        out = []
+        for t in targets:
+            g = f.fork(f.probability / len(targets))
+            host, _, port = t.rpartition(":")
+            g.dst, g.port = ipaddress.ip_address(host.strip("[]")), int(port)
+            g.dnat, g.verdict = True, DNAT
+            if len(targets) > 1:
+                g.steps[-1] += f"  [-> {t}]"
+            out.append((g, "dnat"))
+        return out
+
+    # ---- chains and hooks -----------------------------------------------------------------
+
+    def chain(self, name: str, packet: Packet, flow: Flow,
+              depth: int = 0) -> list[tuple[Flow, str]]:  # fmt: skip
+        """Run chain ``name``: each branch with "return" (it ended or returned) or the terminal
+        verdict it reached."""
+        if depth > 32:
+            raise TraceError(f"chain loop at {name}")
+        if name not in self.table.rules:
+            raise TraceError(f"no chain {name} in the render")
+        active, done = [flow], []
+        for rule in self.table.rules[name]:
+            nxt: list[Flow] = []
+            for f in active:
+                for g, verdict in self.rule(name, rule, packet, f):
+                    if verdict == "":
+                        nxt.append(g)
+                    elif verdict == "return":
+                        done.append((g, "return"))
+                    elif verdict.startswith(("jump ", "goto ")):
+                        kind, target = verdict.split()
+                        seen = len(g.steps)
+                        for h, v in self.chain(target, packet, g, depth + 1):
+                            if v != "return":
+                                done.append((h, v))
+                            elif kind == "goto":
+                                done.append((h, "return"))
+                            else:
+                                if len(h.steps) == seen:  # nothing in it matched: not a step
+                                    h.steps.pop()
+                                nxt.append(h)
+                    else:
+                        done.append((g, verdict))
+            active = nxt
+        return done + [(f, "return") for f in active]
+
+    def hook(self, hook: str, packet: Packet, flows: list[Flow]) -> list[Flow]:
+        for _, base in self.table.hooks.get(hook, []):
+            nxt: list[Flow] = []
+            for f in flows:
+                if f.verdict in (DROP, REJECT):
+                    nxt.append(f)
+                    continue
+                for g, verdict in self.chain(base, packet, f):
+                    if verdict in ("drop", "reject"):
+                        g.verdict = DROP if verdict == "drop" else REJECT
+                    nxt.append(g)
+            flows = nxt
+        return flows
+
+    def walk(self, packet: Packet) -> list[Outcome]:
+        flows = [Flow(packet.dst, packet.port)]
+        if self.is_local(packet.src):
+            flows = self.hook("output", packet, flows)
+        else:
+            flows = self.hook("prerouting", packet, flows)
+            routed: list[Flow] = []
+            for f in flows:
+                routed += self.hook("input" if self.is_local(f.dst) else "forward", packet, [f])
+            flows = routed
+        flows = self.hook("postrouting", packet, flows)
+        return [outcome(f, _hostport(f) if f.dnat else "") for f in flows]
+
+
+def _matched(f: Flow, original: Flow, rule: str) -> Flow:
+    """Record ``rule`` as matched, once."""
+    if not f.steps or f.steps[-1] != rule:
+        f.steps.append(rule)
+    return f
+
+
+def _elem_match(element: str, value: str) -> bool:
+    if "/" in element:
+        try:
+            return ipaddress.ip_address(value) in ipaddress.ip_network(element, strict=False)
+        except ValueError:
+            return False
+    return element == value
+
+
+def _hostport(f: Flow) -> str:
+    return f"[{f.dst}]:{f.port}" if f.dst.version == 6 else f"{f.dst}:{f.port}"

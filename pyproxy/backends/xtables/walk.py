@@ -1,0 +1,274 @@
+"""``pyproxy trace`` for the modes that write iptables rules: follow the first packet of a
+connection through the rendered restore text, from the built-in chains' jumps into pyproxy's
+chains, hook by hook as netfilter runs them (nat PREROUTING or OUTPUT, then filter INPUT,
+FORWARD or OUTPUT, then nat POSTROUTING). Pure: it reads the render, never the kernel.
+
+Only the matches and targets pyproxy renders are known; any other option is a TraceError, so
+a rule the walk cannot read is never silently taken for one that does not match.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shlex
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from pyproxy.backends.trace import (
+    AFFINITY_NOTE,
+    DNAT,
+    DROP,
+    REJECT,
+    RELAY,
+    Flow,
+    Outcome,
+    Packet,
+    TraceError,
+    outcome,
+)
+from pyproxy.backends.xtables.rules import JumpRule, quote
+from pyproxy.model.types import IPAddress
+
+SetLookup = Callable[[str, str, Packet, Flow], bool]
+"""``-m set --match-set NAME FLAGS``: is the packet (as ``flow`` has changed it) in the set?"""
+
+# Options that only name a match module or carry a target's argument the walk needs no value of.
+_FLAGS = frozenset({"--random-fully", "--reap", "--rcheck", "--set", "--random"})
+_VALUED = frozenset({
+    "-s", "-d", "-p", "--dport", "--dst-type", "--src-type", "--comment", "--ctstate", "--mark",
+    "--mode", "--probability", "--name", "--seconds", "--to-destination", "--or-mark",
+    "--xor-mark", "--to-ports", "--reject-with",
+})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Rule:
+    table: str
+    chain: str
+    text: str
+    matches: tuple[tuple[bool, str, str], ...]
+    """(negated, option, value) in order."""
+    target: str
+    target_args: Mapping[str, str]
+    goto: bool = False
+
+
+def parse_rule(table: str, line: str) -> Rule:
+    """One ``-A CHAIN ...`` line (iptables-save syntax)."""
+    words = shlex.split(line)
+    if len(words) < 2 or words[0] != "-A":
+        raise TraceError(f"not a rule: {line}")
+    chain, i = words[1], 2
+    matches: list[tuple[bool, str, str]] = []
+    target, goto = "", False
+    args: dict[str, str] = {}
+    negate = False
+    while i < len(words):
+        w = words[i]
+        if w == "!":
+            negate, i = True, i + 1
+            continue
+        if w == "-m":
+            i += 2
+            continue
+        if w in ("-j", "-g"):
+            target, goto, i = words[i + 1], w == "-g", i + 2
+            continue
+        if w == "--match-set":
+            matches.append((negate, w, f"{words[i + 1]} {words[i + 2]}"))
+            negate, i = False, i + 3
+            continue
+        if w in _FLAGS:
+            if target:
+                args[w] = ""
+            else:
+                matches.append((negate, w, ""))
+            negate, i = False, i + 1
+            continue
+        if w not in _VALUED:
+            raise TraceError(f"trace cannot follow option {w} in: {line}")
+        if target:
+            args[w] = words[i + 1]
+        else:
+            matches.append((negate, w, words[i + 1]))
+        negate, i = False, i + 2
+    return Rule(table, chain, line, tuple(matches), target, args, goto)
+
+
+def parse(text: str) -> dict[str, dict[str, list[Rule]]]:
+    """table -> chain -> rules, from restore input (comments and COMMIT ignored)."""
+    tables: dict[str, dict[str, list[Rule]]] = {}
+    table = ""
+    for line in text.splitlines():
+        if line.startswith("*"):
+            table = line[1:].strip()
+            tables.setdefault(table, {})
+        elif line.startswith(":"):
+            tables[table].setdefault(line[1:].split(" ", 1)[0], [])
+        elif line.startswith("-A "):
+            rule = parse_rule(table, line)
+            tables[table].setdefault(rule.chain, []).append(rule)
+    return tables
+
+
+def _in(addr: IPAddress, value: str) -> bool:
+    return addr in ipaddress.ip_network(value, strict=False)
+
+
+class Walker:
+    """The walk over one family's rendered tables (plus the jumps into them)."""
+
+    def __init__(
+        self,
+        text: str,
+        jumps: Iterable[JumpRule],
+        local: Iterable[IPAddress],
+        mark: str,
+        sets: SetLookup | None = None,
+    ) -> None:
+        self.tables = parse(text)
+        self.local = frozenset(local)
+        self.mark = int(mark, 0)
+        self.sets = sets
+        # Each jump is inserted at the head of its built-in chain: the last one runs first.
+        for j in reversed(tuple(jumps)):
+            line = " ".join(["-A", j.chain, *(quote(a) for a in j.args())])
+            self.tables.setdefault(j.table, {}).setdefault(j.chain, []).append(
+                parse_rule(j.table, line)
+            )
+
+    def is_local(self, addr: IPAddress) -> bool:
+        return addr in self.local or addr.is_loopback
+
+    # ---- matching -------------------------------------------------------------------------
+
+    def _match(self, rule: Rule, packet: Packet, flow: Flow) -> float | None:
+        """The probability the rule matches (None: it does not; statistic rules: theirs)."""
+        p = 1.0
+        proto = packet.protocol.value.lower()
+        src = packet.src
+        for negated, opt, value in rule.matches:
+            if opt == "--comment" or opt in ("--name", "--seconds", "--reap", "--mode", "--set"):
+                continue
+            if opt == "--probability":
+                p *= float(value)
+                continue
+            if opt == "--rcheck":
+                flow.notes.append(AFFINITY_NOTE)
+                return None
+            if opt == "-s":
+                ok = _in(src, value)
+            elif opt == "-d":
+                ok = _in(flow.dst, value)
+            elif opt == "-p":
+                ok = value == proto
+            elif opt == "--dport":
+                ok = int(value) == flow.port
+            elif opt == "--dst-type":
+                ok = value == "LOCAL" and self.is_local(flow.dst)
+            elif opt == "--src-type":
+                ok = value == "LOCAL" and self.is_local(src)
+            elif opt == "--ctstate":
+                states = set(value.split(","))
+                ok = "NEW" in states or ("DNAT" in states and flow.dnat)
+            elif opt == "--mark":
+                val, _, mask = value.partition("/")
+                ok = flow.mark & int(mask or "0xffffffff", 0) == int(val, 0)
+            elif opt == "--match-set":
+                if self.sets is None:
+                    raise TraceError(f"no ipsets to look up for: {rule.text}")
+                name, flags = value.split(" ")
+                ok = self.sets(name, flags, packet, flow)
+            else:
+                raise TraceError(f"trace cannot follow {opt} in: {rule.text}")
+            if ok == negated:
+                return None
+        return p
+
+    # ---- walking --------------------------------------------------------------------------
+
+    def chain(self, table: str, chain: str, packet: Packet, flow: Flow,
+              depth: int = 0) -> list[tuple[Flow, bool]]:  # fmt: skip
+        """Run ``chain`` on ``flow``: the branches, each with True when it stopped (a terminal
+        target) and False when it returned to the caller."""
+        if depth > 32:
+            raise TraceError(f"chain loop at {table} {chain}")
+        active, done = [flow], []
+        for rule in self.tables.get(table, {}).get(chain, []):
+            nxt: list[Flow] = []
+            for f in active:
+                p = self._match(rule, packet, f)
+                if p is None:
+                    nxt.append(f)
+                    continue
+                if p < 1.0:
+                    nxt.append(f.fork(f.probability * (1 - p)))
+                    f = f.fork(f.probability * p)
+                f.steps.append(f"-t {table} {rule.text}")
+                seen = len(f.steps)
+                for g, stopped in self._target(rule, packet, f, depth):
+                    if not stopped and len(g.steps) == seen and rule.target in self.tables[table]:
+                        g.steps.pop()  # a jump into a chain where nothing matched: not a step
+                    if stopped:
+                        done.append((g, True))
+                    elif rule.goto or rule.target == "RETURN":
+                        done.append((g, False))
+                    else:
+                        nxt.append(g)
+            active = nxt
+        return done + [(f, False) for f in active]
+
+    def _target(self, rule: Rule, packet: Packet, f: Flow,
+                depth: int) -> list[tuple[Flow, bool]]:  # fmt: skip
+        t, args = rule.target, rule.target_args
+        if t in self.tables.get(rule.table, {}):
+            return self.chain(rule.table, t, packet, f, depth + 1)
+        if t == "" or t == "RETURN":
+            return [(f, False)]
+        if t == "MARK":
+            if "--or-mark" in args:
+                f.mark |= int(args["--or-mark"], 0)
+            elif "--xor-mark" in args:
+                f.mark ^= int(args["--xor-mark"], 0)
+            return [(f, False)]
+        if t == "DNAT":
+            host, _, port = args["--to-destination"].rpartition(":")
+            f.dst, f.port = ipaddress.ip_address(host.strip("[]")), int(port)
+            f.dnat, f.verdict = True, DNAT
+        elif t == "REDIRECT":
+            f.port, f.dnat, f.verdict = int(args["--to-ports"]), True, RELAY
+        elif t == "MASQUERADE":
+            f.masquerade = True
+        elif t in ("DROP", "REJECT"):
+            f.verdict = DROP if t == "DROP" else REJECT
+        elif t != "ACCEPT":
+            raise TraceError(f"trace cannot follow target {t} in: {rule.text}")
+        return [(f, True)]
+
+    def hook(self, table: str, chain: str, packet: Packet, flows: list[Flow]) -> list[Flow]:
+        out: list[Flow] = []
+        for f in flows:
+            if f.verdict in (DROP, REJECT):
+                out.append(f)
+                continue
+            out += [g for g, _ in self.chain(table, chain, packet, f)]
+        return out
+
+    def walk(self, packet: Packet) -> list[Outcome]:
+        """Every branch the first packet can take, hook by hook."""
+        flows = [Flow(packet.dst, packet.port)]
+        from_node = self.is_local(packet.src)
+        flows = self.hook("nat", "OUTPUT" if from_node else "PREROUTING", packet, flows)
+        routed: list[Flow] = []
+        for f in flows:
+            if from_node:
+                routed += self.hook("filter", "OUTPUT", packet, [f])
+            else:
+                hook = "INPUT" if self.is_local(f.dst) or f.verdict == RELAY else "FORWARD"
+                routed += self.hook("filter", hook, packet, [f])
+        flows = self.hook("nat", "POSTROUTING", packet, routed)
+        return [outcome(f, _hostport(f) if f.dnat else "") for f in flows]
+
+
+def _hostport(f: Flow) -> str:
+    return f"[{f.dst}]:{f.port}" if f.dst.version == 6 else f"{f.dst}:{f.port}"
