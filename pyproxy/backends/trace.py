@@ -8,6 +8,8 @@ where pyproxy drops or rejects it. Pure: the walk reads the render, never the ke
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from pyproxy.model.types import IPAddress, IPFamily, Protocol
@@ -53,6 +55,8 @@ class Flow:
     masquerade: bool = False
     dnat: bool = False
     verdict: str = ""
+    redirect: str = ""
+    """REDIRECT's --to-ports, as rendered."""
     steps: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -98,3 +102,28 @@ class Trace:
 def outcome(flow: Flow, endpoint: str = "") -> Outcome:
     return Outcome(flow.verdict or ACCEPT, flow.probability, endpoint, flow.masquerade,
                    tuple(flow.steps), tuple(dict.fromkeys(flow.notes)))  # fmt: skip
+
+
+_OBJECTS = (
+    (re.compile(r"^-t (\S+) -A ([a-z]*[A-Z]+) "), ""),  # a built-in chain: not pyproxy's
+    (re.compile(r"^-t (\S+) -A (\S+) "), "{0} chain {1}"),
+    (re.compile(r"^chain (\S+): .*vmap @(\S+)\s+\[element (.*) : [^:]*\]$"),
+     "chain {0}|map {1} element {2}"),
+    (re.compile(r"^chain (\S+):"), "chain {0}"),
+    (re.compile(r"^IPVS (\S+) (\S+) "), "virtual server {0} {1}"),
+    (re.compile(r"^  -> (\S+) "), "real server {0}"),
+    (re.compile(r"^relay (\S+):"), "relay listener of {0}"),
+)  # fmt: skip
+
+
+def objects(steps: Iterable[str]) -> list[str]:
+    """The mode's objects a walk went through (chains, map elements, virtual and real servers),
+    in order, each once."""
+    out: dict[str, None] = {}
+    for step in steps:
+        for pattern, form in _OBJECTS:
+            if m := pattern.match(step):
+                if form:
+                    out.update(dict.fromkeys(form.format(*m.groups()).split("|")))
+                break
+    return list(out)

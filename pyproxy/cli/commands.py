@@ -22,7 +22,7 @@ from pyproxy.backends import registry
 from pyproxy.backends.base import BackendError, BackendUnavailable
 from pyproxy.cli import memory
 from pyproxy.cli.logs import setup_logging
-from pyproxy.config.load import BY_NAME, ConfigError, default_document, load, node_name
+from pyproxy.config.load import BY_NAME, ConfigError, default_document, load
 from pyproxy.config.settings import (
     IPTABLES_BACKENDS,
     LOG_FORMATS,
@@ -205,11 +205,7 @@ def diff(ctx: click.Context, /, output: str, **params: Any) -> None:
     setup_logging("warning", "text", None)
     cfg = _config(ctx, params)
     backend = registry.create(cfg)
-    if cfg.source.manifests is not None:
-        state = load_manifest_state(cfg.source.manifests, cfg.node_name)
-    else:
-        state = load_api_state(cfg)
-    diffs = backend.compare(state)
+    diffs = backend.compare(_load_state(cfg))
     click.echo(report(diffs, output), nl=False)
     ctx.exit(1 if diffs else 0)
 
@@ -241,7 +237,7 @@ def trace_cmd(ctx: click.Context, /, src: str, dest: str, protocol: str, output:
     import ipaddress
 
     from pyproxy.backends.trace import Packet
-    from pyproxy.kernel.addresses import local_addresses
+    from pyproxy.cli.walk import with_local_addresses
     from pyproxy.model.types import Protocol
     from pyproxy.tools.trace import report
 
@@ -260,13 +256,7 @@ def trace_cmd(ctx: click.Context, /, src: str, dest: str, protocol: str, output:
         raise ConfigError(f"--to: {dest!r} is not ADDRESS:PORT of --from's IP family")
     cfg = _config(ctx, params)
     backend = registry.create(cfg)
-    if cfg.source.manifests is not None:
-        state = load_manifest_state(cfg.source.manifests, cfg.node_name)
-    else:
-        state = load_api_state(cfg)
-    from dataclasses import replace
-
-    state = replace(state, node=state.node.with_local_addresses(tuple(local_addresses())))
+    state = with_local_addresses(_load_state(cfg))
     packet = Packet(client, to, number, Protocol(protocol.upper()))
     click.echo(report(backend.trace(state, packet), output), nl=False)
 
@@ -303,20 +293,21 @@ def cleanup(mode: str, iptables_backend: str) -> None:
 
 @cli.command("explain")
 @click.argument("service")
-@click.option("--manifests", default=None, help="Objects from the YAML files in DIR.")
-@click.option("--hostname-override", "--node", "hostname_override", default=None)
+@_mode_option
+@_rule_options
+@_opt("kubeconfig", help="Path to a kubeconfig file.")
+@_opt("master", help="API server address (overrides the kubeconfig).")
 @_from_daemon_option("Ask a running pyproxy (its metrics address, e.g. http://127.0.0.1:10249).")
 @OUTPUT_OPTION
-def explain_cmd(
-    service: str,
-    manifests: str | None,
-    hostname_override: str | None,
-    daemon_url: str | None,
-    output: str,
-) -> None:
-    """Why SERVICE (namespace/name[:port]) reaches the endpoints it does, on this node."""
+@click.pass_context
+def explain_cmd(ctx: click.Context, /, service: str, daemon_url: str | None, output: str,
+                **params: Any) -> None:  # fmt: skip
+    """Why SERVICE (namespace/name[:port]) reaches the endpoints it does on this node, and
+    where each of its addresses leads through --mode's objects (for --manifests DIR, the API
+    server's objects, or a running pyproxy's state)."""
     import json
 
+    from pyproxy.cli.walk import walk_of, with_local_addresses
     from pyproxy.model.types import NamespacedName
     from pyproxy.tools.explain import explain, explain_data
 
@@ -329,17 +320,25 @@ def explain_cmd(
         query = "/debug/explain?service=" + service + ("&output=json" if output == "json" else "")
         click.echo(from_daemon(daemon_url, query), nl=False)
         return
-    if manifests is None:
-        raise ConfigError("--manifests or --from-daemon: one is required for explain")
-    directory = Path(manifests)
-    if not directory.is_dir():
-        raise ConfigError(f"--manifests: {manifests} is not a readable directory")
-    state = load_manifest_state(directory, node_name(hostname_override))
+    cfg = _config(ctx, params)
+    if cfg.source.manifests is None and not (cfg.source.kubeconfig or cfg.source.master):
+        raise ConfigError("--manifests, --kubeconfig or --from-daemon: one is required")
+    backend = registry.create(cfg)
+    state = with_local_addresses(_load_state(cfg))
+    walk = walk_of(cfg, backend, state)
     svc = NamespacedName(ns, name)
     if output == "json":
-        click.echo(json.dumps(explain_data(state, svc, port or None), indent=1))
+        click.echo(json.dumps(explain_data(state, svc, port or None, walk), indent=1))
         return
-    click.echo(explain(state, svc, port or None), nl=False)
+    click.echo(explain(state, svc, port or None, walk), nl=False)
+
+
+def _load_state(cfg: ProxyConfig) -> ProxyState:
+    if cfg.source.manifests is not None:
+        if not Path(cfg.source.manifests).is_dir():
+            raise ConfigError(f"--manifests: {cfg.source.manifests} is not a readable directory")
+        return load_manifest_state(cfg.source.manifests, cfg.node_name)
+    return load_api_state(cfg)
 
 
 @cli.command()

@@ -22,9 +22,10 @@ from prometheus_client import CollectorRegistry
 from pyproxy.backends import registry
 from pyproxy.backends.base import Backend
 from pyproxy.cli import memory
+from pyproxy.cli.walk import walk_of, with_local_addresses
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.events import Event
-from pyproxy.model.types import IPFamily
+from pyproxy.model.types import IPFamily, ProxyState
 from pyproxy.serving.debug import DebugView
 from pyproxy.serving.health import (
     ProxyHealth,
@@ -39,7 +40,7 @@ from pyproxy.sources.manifests import ManifestsSource
 from pyproxy.sync.runner import BoundedFrequencyRunner
 from pyproxy.sync.syncer import Syncer, SyncRecord
 from pyproxy.sync.tracker import ChangeTracker
-from pyproxy.tools.explain import explain, explain_data
+from pyproxy.tools.explain import Walk, explain, explain_data
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +79,13 @@ class Daemon:
             status=self.status,
             skipped=lambda: list(self.tracker.skipped_recent),
             transactions=self.backend.transactions,
-            explain=explain,
-            explain_data=explain_data,
+            explain=lambda st, svc, port: explain(st, svc, port, self._walk(st)),
+            explain_data=lambda st, svc, port: explain_data(st, svc, port, self._walk(st)),
         )
+
+    def _walk(self, state: ProxyState) -> Walk:
+        """/debug/explain's walk: this mode's trace over the state and this node's addresses."""
+        return walk_of(self.cfg, self.backend, with_local_addresses(state))
 
     def status(self) -> dict[str, Any]:
         """Mode, the last sync and what waits for the next, for /debug/state."""

@@ -1,20 +1,46 @@
-"""``pyproxy explain``: why a service's traffic goes where it goes, from the model alone.
+"""``pyproxy explain``: why a service's traffic goes where it goes.
 
 For each port of a service: its addresses, its traffic policies, and every endpoint with the
 reason it is used or not (not ready, terminating fallback, on another node under a Local
-policy, hinted for another zone), answered by the same selection function the backends use,
-plus the iptables chains and the nftables objects that carry it. Pure: works on a manifests
-directory or a snapshot.
+policy, hinted for another zone), answered by the same selection function the backends use;
+then, for each of its addresses seen from a pod and from outside the cluster, the mode's own
+walk (``pyproxy trace``): the endpoints reached, masquerading, refusals, and the objects that
+carry it (chains, map elements, virtual servers). Pure: works on a manifests directory or the
+daemon's state.
 """
 
 from __future__ import annotations
 
+import ipaddress
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from pyproxy.backends.iptables import names
-from pyproxy.backends.nftables import names as nft
+from pyproxy.backends.trace import DNAT, RELAY, Packet, Trace, objects
 from pyproxy.model.selection import categorize_endpoints
-from pyproxy.model.types import Endpoint, NamespacedName, ProxyState, ServicePort
+from pyproxy.model.types import (
+    Endpoint,
+    IPAddress,
+    IPFamily,
+    NamespacedName,
+    NodeInfo,
+    ProxyState,
+    ServicePort,
+)
+
+OUTSIDE = {IPFamily.IPV4: ipaddress.ip_address("203.0.113.1"),
+           IPFamily.IPV6: ipaddress.ip_address("2001:db8::1")}  # fmt: skip
+"""A client outside the cluster (documentation addresses: only the walk sees them)."""
+
+
+@dataclass(frozen=True)
+class Walk:
+    """A mode's ``trace``, and a pod address per family to trace from (none: no cluster CIDR
+    is known, so no source counts as a pod)."""
+
+    mode: str
+    trace: Callable[[Packet], Trace]
+    pod_sources: Mapping[IPFamily, IPAddress] = field(default_factory=dict)
 
 
 def _why_not(ep: Endpoint, sp: ServicePort, used: set[Endpoint], mode: str, node: str) -> str:
@@ -44,11 +70,49 @@ def _ports(state: ProxyState, service: NamespacedName, port: str | None) -> list
     return sorted(found, key=lambda p: (p.name.port, p.protocol.value))
 
 
+def _targets(sp: ServicePort, node: NodeInfo) -> list[tuple[str, IPAddress, int, bool]]:
+    """(what, address, port, from pods too) for each way into the service port."""
+    out = [("cluster IP", ip, sp.port, True) for ip in sp.cluster_ips]
+    if sp.node_port:
+        for family in {IPFamily.of(ip) for ip in sp.cluster_ips}:
+            ip = node.primary_ip(family) or next(
+                (a for a in node.local_addresses if IPFamily.of(a) is family
+                 and not a.is_loopback), None)  # fmt: skip
+            if ip is not None:
+                out.append(("NodePort", ip, sp.node_port, False))
+    out += [("external IP", ip, sp.port, False) for ip in sp.external_ips]
+    out += [("load-balancer IP", ip, sp.port, False) for ip in sp.load_balancer_ips]
+    return out
+
+
+def _paths(sp: ServicePort, node: NodeInfo, walk: Walk) -> list[dict[str, Any]]:
+    out = []
+    for what, ip, port, from_pods in _targets(sp, node):
+        family = IPFamily.of(ip)
+        sources = [("outside the cluster", OUTSIDE[family])]
+        if from_pods and family in walk.pod_sources:
+            sources.insert(0, ("a pod", walk.pod_sources[family]))
+        for who, src in sources:
+            t = walk.trace(Packet(src, ip, port, sp.protocol))
+            forwarded = [o for o in t.outcomes if o.verdict in (DNAT, RELAY)]
+            out.append({
+                "to": f"{what} {_hostport(ip, port)}", "from": f"{who} ({src})",
+                "endpoints": t.endpoints, "verdicts": sorted(t.verdicts),
+                "masquerade": any(o.masquerade for o in forwarded) if forwarded else None,
+                "objects": objects(s for o in t.outcomes for s in o.steps),
+            })  # fmt: skip
+    return out
+
+
+def _hostport(ip: IPAddress, port: int) -> str:
+    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+
+
 def explain_data(
-    state: ProxyState, service: NamespacedName, port: str | None = None
+    state: ProxyState, service: NamespacedName, port: str | None = None, walk: Walk | None = None
 ) -> list[dict[str, Any]]:
-    """Per port of the service: its addresses, policies, each endpoint's reason, and the
-    objects each mode programs for it (what ``explain -o json`` prints)."""
+    """Per port of the service: its addresses, policies, each endpoint's reason, and (with a
+    mode's ``walk``) where each way into it leads (what ``explain -o json`` prints)."""
     out: list[dict[str, Any]] = []
     for sp in _ports(state, service, port):
         eps = state.endpoints.get(sp.name, ())
@@ -60,8 +124,6 @@ def explain_data(
         internal = sel.local if sp.internal_policy_local else sel.cluster
         external = sel.local if sp.external_policy_local else sel.cluster
         used = set(sel.all_reachable)
-        base = nft.port_base(sp.name)
-        key = f"{sp.protocol.value.lower()} . {sp.port}"
         out.append({
             "name": str(sp.name), "protocol": sp.protocol.value, "port": sp.port,
             "addresses": addrs,
@@ -78,19 +140,15 @@ def explain_data(
                 "thisNode": ep.node_name == state.node.name,
                 "reason": _why_not(ep, sp, used, sel.topology_mode, state.node.name),
             } for ep in eps],
-            "iptables": {"cluster": names.cluster_chain(sp.name),
-                         "local": names.local_chain(sp.name),
-                         "external": names.external_chain(sp.name)},
-            "nftables": {"cluster": f"{nft.SERVICE}{base}", "local": f"{nft.LOCAL}{base}",
-                         "external": f"{nft.EXTERNAL}{base}", "firewall": f"{nft.FIREWALL}{base}",
-                         "element": f"service-ips {{ {' / '.join(map(str, sp.cluster_ips))} . "
-                                    f"{key} }}"},
+            "paths": _paths(sp, state.node, walk) if walk else [],
         })  # fmt: skip
     return out
 
 
-def explain(state: ProxyState, service: NamespacedName, port: str | None = None) -> str:
-    ports = explain_data(state, service, port)
+def explain(
+    state: ProxyState, service: NamespacedName, port: str | None = None, walk: Walk | None = None
+) -> str:
+    ports = explain_data(state, service, port, walk)
     if not ports:
         return (
             f"{service}: no such service port in the current state (headless, ExternalName, "
@@ -118,14 +176,23 @@ def explain(state: ProxyState, service: NamespacedName, port: str | None = None)
             out.append(f"    {ep['endpoint']}  {where}{local}: {ep['reason']}")
         if not p["endpoints"]:
             out.append("    (no endpoints in any EndpointSlice)")
-        ipt, nf = p["iptables"], p["nftables"]
-        out.append(
-            f"  iptables chains: {ipt['cluster']} (Cluster), {ipt['local']} (Local), "
-            f"{ipt['external']} (external)"
-        )
-        out.append(
-            f"  nftables (table kube-proxy): chains {nf['cluster']} (Cluster), "
-            f"{nf['local']} (Local), {nf['external']} (external), {nf['firewall']} (source "
-            f"ranges); element {nf['element']}"
-        )
+        if walk is not None:
+            out.append(f"  paths ({walk.mode} mode; pyproxy trace shows each rule):")
+        for path in p["paths"]:
+            out.append(f"    {path['to']} from {path['from']}: {_summary(path)}")
+            out.append("      via " + ", ".join(path["objects"]) if path["objects"] else
+                       "      via none of pyproxy's objects")  # fmt: skip
     return "\n".join(out) + "\n"
+
+
+def _summary(path: Mapping[str, Any]) -> str:
+    eps = path["endpoints"]
+    verdicts = [v for v in path["verdicts"] if v not in (DNAT, RELAY)]
+    parts = [", ".join(f"{ep} {p:.0%}" for ep, p in sorted(eps.items()))] if eps else []
+    if eps and RELAY in path["verdicts"]:
+        parts[0] += "; relayed from the node's address"
+    elif eps:
+        parts[0] += "; masqueraded" if path["masquerade"] else "; source IP kept"
+    names = {"reject": "rejected", "drop": "dropped", "accept": "not handled by pyproxy"}
+    parts += [names.get(v, v) for v in verdicts]
+    return "; ".join(parts)

@@ -18,7 +18,9 @@ _WHAT = {
 def _verdict(o: Outcome) -> str:
     text = _WHAT.get(o.verdict, "not handled by pyproxy: leaves its rules unchanged")
     text = text.format(ep=o.endpoint)
-    if o.verdict in (DNAT, RELAY):
+    if o.verdict == RELAY:
+        text += ", from the node's address"
+    elif o.verdict == DNAT:
         text += ", masqueraded" if o.masquerade else ", source IP kept"
     return text
 

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.netns import services
+from tests.netns import services, trace_cases
 from tests.netns.scrape import METRICS_URL, check_mode_families, get, metric, scrape
 from tests.netns.services import DNS, DNS_EP, HTTP, HTTP_EP, pods, svc
+from tests.netns.trace_cases import check_predictions
 from tests.netns.world import (
     CLUSTER_CIDR,
     CLUSTER_CIDR6,
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    w = World("g").build(pod_count=3, client_count=1)
+    w = World("g").build(pod_count=3, client_count=2)
     try:
         yield w
     finally:
@@ -300,6 +301,12 @@ def test_metric_families_are_the_modes_own(world: World, proxy: Pyproxy) -> None
         timeout=30,
         what="the virtual server count to drop",
     )
+
+
+def test_trace_predicts_real_connections(world: World, proxy: Pyproxy) -> None:
+    """tests/netns/test_trace.py's cases on real IPVS: what trace says each client reaches (or
+    that it is dropped or refused) is what its connections do."""
+    check_predictions(world, proxy, trace_cases.IPVS)
 
 
 def test_unknown_scheduler_is_a_clear_error(world: World) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pyproxy.backends.iptables.backend import IptablesBackend
+from pyproxy.backends.nftables.backend import NftablesBackend
+from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.types import NamespacedName
-from pyproxy.tools.explain import explain
+from pyproxy.tools.explain import Walk, explain, explain_data
 from tests.helpers import endpoint, endpoint_slice, port, service, tracker_with
 
 
@@ -53,13 +56,29 @@ def test_terminating_fallback_and_no_endpoints() -> None:
     assert "no such service port" in explain(state, NamespacedName("ns", "zzz"))
 
 
-def test_names_the_iptables_chains_and_nftables_objects() -> None:
-    """Names checked against upstream's own test vectors: KUBE-SVC-XPGD46QRK7WJZT7O
-    (iptables proxier_test.go) and ULMVA6XW (nftables proxier_test.go), for ns1/svc1:p80."""
-    objs = [service("ns1", "svc1", "172.30.0.41", [port("p80", 80)])]
-    text = explain(tracker_with("n1", *objs).current_state(), NamespacedName("ns1", "svc1"))
-    words = text.replace(",", " ").split()
-    assert "KUBE-SVC-XPGD46QRK7WJZT7O" in words
-    assert "service-ULMVA6XW-ns1/svc1/tcp/p80" in words
-    assert "local-ULMVA6XW-ns1/svc1/tcp/p80" in words
-    assert "service-ips { 172.30.0.41 . tcp . 80 }" in text
+def test_paths_name_each_modes_own_objects() -> None:
+    """explain's paths come from the mode's walk and name that mode's objects. Names checked
+    against upstream's own test vectors: KUBE-SVC-XPGD46QRK7WJZT7O (iptables proxier_test.go)
+    and ULMVA6XW (nftables proxier_test.go), for ns1/svc1:p80."""
+    objs = [
+        service("ns1", "svc1", "172.30.0.41", [port("p80", 80)]),
+        endpoint_slice("ns1", "svc1", "s", [endpoint("10.180.0.1", node="n1")], [port("p80", 80)]),
+    ]
+    state = tracker_with("n1", *objs).current_state()
+    svc = NamespacedName("ns1", "svc1")
+    for backend in (IptablesBackend(ProxyConfig()), NftablesBackend(ProxyConfig())):
+        walk = Walk(backend.mode, lambda p, b=backend: b.trace(state, p))  # type: ignore[misc]
+        (doc,) = explain_data(state, svc, None, walk)
+        (path,) = doc["paths"]
+        assert path["to"] == "cluster IP 172.30.0.41:80"
+        assert path["endpoints"] == {"10.180.0.1:80": 1.0}
+        if backend.mode == "iptables":  # KUBE-SEP-SXIVWICOYRO3J4NJ: also upstream's vector
+            assert path["objects"] == [
+                "nat chain KUBE-SERVICES", "nat chain KUBE-SVC-XPGD46QRK7WJZT7O",
+                "nat chain KUBE-SEP-SXIVWICOYRO3J4NJ", "nat chain KUBE-POSTROUTING",
+            ]  # fmt: skip
+        else:
+            assert "chain service-ULMVA6XW-ns1/svc1/tcp/p80" in path["objects"]
+            assert "map service-ips element 172.30.0.41 . tcp . 80" in path["objects"]
+        text = explain(state, svc, None, walk)
+        assert f"  paths ({backend.mode} mode; pyproxy trace shows each rule):" in text

@@ -41,9 +41,11 @@ from pyproxy.backends.ipvs.render import (
     set_name,
 )
 from pyproxy.backends.ipvs.table import Delta, Table, render
+from pyproxy.backends.ipvs.walk import IpvsWalk
 from pyproxy.backends.metrics import FAMILY, RestoreFailures
 from pyproxy.backends.stale_conntrack import stale_filters
 from pyproxy.backends.sysctls import require_sysctls
+from pyproxy.backends.trace import Packet, Trace
 from pyproxy.backends.xtables.compare import compare as xtables_compare
 from pyproxy.backends.xtables.rules import KUBE_MARK_MASQ
 from pyproxy.backends.xtables.tables import cleanup_everywhere, ensure_jumps, open_tables
@@ -156,6 +158,19 @@ class IpvsBackend(Backend):
                 + d.iptables
             )
         return "\n".join(parts)
+
+    def trace(self, state: ProxyState, packet: Packet) -> Trace:
+        """The node's own addresses exclude kube-ipvs0's (service addresses), as a sync's do."""
+        cfg = self.configs[packet.family]
+        services = {
+            ip
+            for sp in state.services.values()
+            for ip in (*sp.cluster_ips, *sp.external_ips, *sp.load_balancer_ips)
+        }
+        local = tuple(a for a in state.node.local_addresses if a not in services)
+        state = replace(state, node=state.node.with_local_addresses(local))
+        walk = IpvsWalk(render(state, cfg), JUMPS, local, cfg.mark, family_sets(packet.family))
+        return Trace(packet, self.mode, tuple(walk.walk(packet)))
 
     # ---- set-up ---------------------------------------------------------------------------
 

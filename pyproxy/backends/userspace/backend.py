@@ -13,13 +13,22 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from pyproxy.backends.base import Backend, BackendError, SyncRequest, SyncResult
+from pyproxy.backends.base import (
+    Backend,
+    BackendError,
+    BackendUnavailable,
+    SyncRequest,
+    SyncResult,
+)
 from pyproxy.backends.relay import PortSpec, Relay
+from pyproxy.backends.trace import AFFINITY_NOTE, RELAY, Outcome, Packet, Trace
 from pyproxy.backends.xtables.rules import NEW, JumpRule
 from pyproxy.backends.xtables.tables import cleanup_everywhere, ensure_jumps, open_tables
+from pyproxy.backends.xtables.walk import Walker
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.kernel.iptables import Iptables, IptablesError
 from pyproxy.model.selection import categorize_endpoints
@@ -78,6 +87,11 @@ def specs(state: ProxyState) -> dict[str, PortSpec]:
     return out
 
 
+def _listener(key: str) -> str:
+    """The relay's port in a render without listeners (the kernel picks it at run time)."""
+    return f"<listener:{key}>"
+
+
 def render_rules(state: ProxyState, ports: Mapping[str, int] | None) -> str:
     """nat + filter rules; ``ports`` maps listener keys to local ports (None: placeholders)."""
     nat = ["*nat", *(f":{c} - [0:0]" for c in NAT_CHAINS)]
@@ -107,7 +121,7 @@ def render_rules(state: ProxyState, ports: Mapping[str, int] | None) -> str:
                     f"--dport {sp.node_port} -j REJECT"
                 )
             continue
-        to = str(ports[key]) if ports is not None else f"<port of {key}>"
+        to = str(ports[key]) if ports is not None else _listener(key)
         for chain in ("KUBE-PORTALS-CONTAINER", "KUBE-PORTALS-HOST"):
             for addr in addrs:
                 nat.append(
@@ -158,6 +172,28 @@ class UserspaceBackend(Backend):
         return "# listeners are opened on ports the kernel picks at run time\n" + render_rules(
             state, None
         )
+
+    def trace(self, state: ProxyState, packet: Packet) -> Trace:
+        """The REDIRECT rules walked as in iptables mode (listener ports numbered in order),
+        then the relay: round robin, so each endpoint gets an equal share, and the endpoint
+        sees the node's address, never the client's."""
+        if packet.family is not IPFamily.IPV4 or packet.protocol is Protocol.SCTP:
+            raise BackendUnavailable("userspace mode relays IPv4 TCP and UDP only")
+        wanted = {_listener(key): spec for key, spec in specs(state).items()}
+        walker = Walker(render_rules(state, None), JUMPS, state.node.local_addresses, "0x0")
+        out: list[Outcome] = []
+        for o in walker.walk(packet):
+            if o.verdict != RELAY:
+                out.append(o)
+                continue
+            spec = wanted[o.endpoint]
+            note = (AFFINITY_NOTE,) if spec.affinity_seconds else ()
+            step = f"relay {spec.name}: round robin over {len(spec.endpoints)} endpoint(s)"
+            for host, port in spec.endpoints:
+                out.append(replace(o, probability=o.probability / len(spec.endpoints),
+                                   endpoint=f"{host}:{port}", masquerade=True,
+                                   steps=(*o.steps, step), notes=o.notes + note))  # fmt: skip
+        return Trace(packet, self.mode, tuple(out))
 
     def prepare(self) -> None:
         self._tables()

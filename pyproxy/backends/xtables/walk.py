@@ -29,6 +29,7 @@ from pyproxy.backends.trace import (
 from pyproxy.backends.xtables.rules import JumpRule, quote
 from pyproxy.model.types import IPAddress
 
+LocalIn = Callable[[Packet, Flow], list[Flow]]
 SetLookup = Callable[[str, str, Packet, Flow], bool]
 """``-m set --match-set NAME FLAGS``: is the packet (as ``flow`` has changed it) in the set?"""
 
@@ -236,7 +237,7 @@ class Walker:
             f.dst, f.port = ipaddress.ip_address(host.strip("[]")), int(port)
             f.dnat, f.verdict = True, DNAT
         elif t == "REDIRECT":
-            f.port, f.dnat, f.verdict = int(args["--to-ports"]), True, RELAY
+            f.redirect, f.verdict = args["--to-ports"], RELAY
         elif t == "MASQUERADE":
             f.masquerade = True
         elif t in ("DROP", "REJECT"):
@@ -254,8 +255,9 @@ class Walker:
             out += [g for g, _ in self.chain(table, chain, packet, f)]
         return out
 
-    def walk(self, packet: Packet) -> list[Outcome]:
-        """Every branch the first packet can take, hook by hook."""
+    def walk(self, packet: Packet, local_in: LocalIn | None = None) -> list[Outcome]:
+        """Every branch the first packet can take, hook by hook; ``local_in`` (IPVS mode) takes
+        what the filter rules let through to a local address (or out of the node)."""
         flows = [Flow(packet.dst, packet.port)]
         from_node = self.is_local(packet.src)
         flows = self.hook("nat", "OUTPUT" if from_node else "PREROUTING", packet, flows)
@@ -266,8 +268,12 @@ class Walker:
             else:
                 hook = "INPUT" if self.is_local(f.dst) or f.verdict == RELAY else "FORWARD"
                 routed += self.hook("filter", hook, packet, [f])
+        if local_in is not None:
+            stopped = (DROP, REJECT)
+            routed = [g for f in routed
+                      for g in ([f] if f.verdict in stopped else local_in(packet, f))]  # fmt: skip
         flows = self.hook("nat", "POSTROUTING", packet, routed)
-        return [outcome(f, _hostport(f) if f.dnat else "") for f in flows]
+        return [outcome(f, f.redirect or (_hostport(f) if f.dnat else "")) for f in flows]
 
 
 def _hostport(f: Flow) -> str:
