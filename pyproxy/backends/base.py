@@ -168,6 +168,35 @@ def per_service(
     return [Difference(svc, obj, tuple(m), tuple(u)) for svc, (m, u) in sorted(groups.items())]
 
 
+@dataclass(frozen=True)
+class ServiceTraffic:
+    """What was counted for one service port since its objects were made. Each mode counts
+    what it can see (README, "Per-service counters"): connections everywhere; packets and
+    bytes as the mode's kernel objects count them (None: not counted in this mode)."""
+
+    connections: int
+    packets: int | None = None
+    bytes: int | None = None
+
+    def __add__(self, other: ServiceTraffic) -> ServiceTraffic:
+        def plus(a: int | None, b: int | None) -> int | None:
+            return None if a is None and b is None else (a or 0) + (b or 0)
+
+        return ServiceTraffic(
+            self.connections + other.connections,
+            plus(self.packets, other.packets),
+            plus(self.bytes, other.bytes),
+        )
+
+
+def by_service_port(counted: Iterable[tuple[str, ServiceTraffic]]) -> dict[str, ServiceTraffic]:
+    """Sum what several objects (families, addresses, listeners) counted per service port."""
+    out: dict[str, ServiceTraffic] = {}
+    for name, seen in counted:
+        out[name] = out[name] + seen if name in out else seen
+    return out
+
+
 class Backend(abc.ABC):
     mode: str = ""
 
@@ -199,6 +228,11 @@ class Backend(abc.ABC):
         """Follow ``packet`` through the objects this mode renders for ``state`` (whose node
         carries this host's local addresses). Pure: reads the render, never the kernel."""
         raise BackendUnavailable(f"pyproxy trace does not support {self.mode} mode yet")
+
+    def service_traffic(self) -> dict[str, ServiceTraffic]:
+        """Per service port (``namespace/name[:port]``), both families summed: what this
+        mode's objects counted. Reads the kernel (or the relay); for metrics and status."""
+        raise BackendUnavailable(f"{self.mode} mode does not count traffic per service")
 
     def prepare(self) -> None:  # noqa: B027 - optional hook
         """Check, before any source starts, that the mode can work on this host: tools,

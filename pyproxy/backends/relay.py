@@ -21,7 +21,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +79,13 @@ class _Listener:
         self.server: asyncio.AbstractServer | None = None
         self.udp: asyncio.DatagramTransport | None = None
         self.sessions: dict[tuple[str, int], _UdpSession] = {}
+        self.connections = 0
+        """Connections (TCP) and flows (UDP) relayed to an endpoint."""
+        self.bytes = 0
+        """Payload bytes relayed, both directions."""
+
+    def count(self, n: int) -> None:
+        self.bytes += n
 
     def update(self, spec: PortSpec) -> None:
         self.spec = spec
@@ -144,10 +151,13 @@ class _Listener:
             except ConnectionError as err:
                 log.warning("%s", err)
                 return
+            self.connections += 1
             for w in (cwriter, bwriter):
                 w.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
             try:
-                await asyncio.gather(_pipe(creader, bwriter), _pipe(breader, cwriter))
+                await asyncio.gather(
+                    _pipe(creader, bwriter, self.count), _pipe(breader, cwriter, self.count)
+                )
             finally:
                 bwriter.close()
         finally:
@@ -156,10 +166,13 @@ class _Listener:
                 cwriter.close()
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, count: Callable[[int], None]
+) -> None:
     """Copy until EOF, then half-close the other side; backpressure through drain()."""
     try:
         while data := await reader.read(CHUNK):
+            count(len(data))
             writer.write(data)
             await writer.drain()
         if writer.can_write_eof():
@@ -182,6 +195,7 @@ class _UdpListener(asyncio.DatagramProtocol):
             session = _UdpSession(o, addr, eps[0])
             o.balancer.chose(addr[0], eps[0])
             o.sessions[addr] = session
+            o.connections += 1
         session.send(data)
 
 
@@ -203,6 +217,7 @@ class _UdpSession:
         self.last = time.monotonic()
         with contextlib.suppress(OSError):
             self.sock.send(data)
+            self.owner.count(len(data))
 
     def _reply(self) -> None:
         try:
@@ -212,6 +227,7 @@ class _UdpSession:
         self.last = time.monotonic()
         if self.owner.udp is not None:
             self.owner.udp.sendto(data, self.client)
+            self.owner.count(len(data))
 
     def _check_idle(self) -> None:
         idle = time.monotonic() - self.last
@@ -294,6 +310,11 @@ class Relay:
 
     def ports(self) -> dict[str, int]:
         return {k: v.port for k, v in self._listeners.items()}
+
+    def traffic(self) -> dict[str, tuple[str, int, int]]:
+        """Listener key -> (its service port's name, connections or flows relayed, bytes)
+        since the listener opened."""
+        return {k: (v.spec.name, v.connections, v.bytes) for k, v in list(self._listeners.items())}
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -106,6 +106,11 @@ RULE_OPTIONS: tuple[Decorator, ...] = (
         show_default=True,
         help="iptables back end (auto detects the one in use).",
     ),
+    _bool_opt(
+        "service_metrics",
+        help="Export pyproxy_service_{connections,packets,bytes}_total per service port "
+        "(nftables mode: a named counter per service port).",
+    ),
     click.option(
         "--config",
         "config_file",
@@ -151,6 +156,12 @@ def load_manifest_state(directory: Path, node: str) -> ProxyState:
 @_opt("ipvs_scheduler", help="IPVS scheduler.")
 @_bool_opt("ipvs_strict_arp", help="Set arp_ignore=1 and arp_announce=2 (ipvs mode).")
 @_opt("metrics_bind_address", help="host:port for /metrics; empty disables it.")
+@_opt(
+    "service_metrics_max_series",
+    type=int,
+    show_default=True,
+    help="At most this many service ports in those metrics (the first in name order).",
+)
 @_opt("healthz_bind_address", help="host:port for /healthz and /livez; empty disables it.")
 @click.option("--v", "verbosity", type=int, default=None, help="klog-style verbosity (4+ = debug).")
 @_opt("log_level", type=click.Choice(LOG_LEVELS), show_default=True, help="Log level.")
@@ -353,51 +364,44 @@ def _load_state(cfg: ProxyConfig) -> ProxyState:
 )
 def status(iptables_backend: str, daemon_url: str | None, output: str, mode: str | None) -> None:
     """The daemon's status (with --from-daemon: mode, last sync, pending changes, counts,
-    skipped objects) and connections per service and endpoint from the rules' counters
-    (iptables mode)."""
+    skipped objects, and what it counted per service port) and the kernel's counters in the
+    mode's terms: connections per service and endpoint (iptables rule counters), per virtual
+    and real server (IPVS), per service port (nftables, with --service-metrics)."""
     import json
     from dataclasses import asdict
 
-    from pyproxy.kernel.iptables import Iptables, IptablesError, detect_backend
-    from pyproxy.tools.status import read, report, summary
+    from pyproxy.tools import status as st
 
     setup_logging("warning", "text", None)
     state = json.loads(from_daemon(daemon_url, "/debug/state")) if daemon_url else None
     mode = mode or (state["mode"] if state else "iptables")
-    daemon = {k: v for k, v in (state or {}).items() if k != "services"} or None
-    head = summary(state) if state else ""
-    if mode == "ipvs":
-        from pyproxy.kernel.ipvs import IpvsError
-        from pyproxy.tools.status import ipvs_doc, ipvs_report, read_ipvs
-
+    doc: dict[str, Any] = {"daemon": None}
+    text = ""
+    if state is not None:
+        doc["daemon"] = {k: v for k, v in state.items() if k != "services"}
+        text = st.summary(state)
         try:
-            stats = read_ipvs()
-        except IpvsError as err:
-            raise BackendUnavailable(str(err)) from None
-        if output == "json":
-            click.echo(json.dumps({"daemon": daemon, "ipvs": ipvs_doc(stats)}, indent=1))
-        else:
-            click.echo(head + ipvs_report(stats), nl=False)
-        return
-    counters = None
-    if mode == "iptables":
-        try:
-            ipt = Iptables(detect_backend(iptables_backend, writes=False))
-        except IptablesError as err:
-            raise BackendUnavailable(str(err)) from None
-        counters = read(ipt)
-    if output == "json":
-        doc = {
-            "daemon": daemon,
-            "counters": {k: asdict(v) for k, v in counters.items()} if counters else None,
-        }
-        click.echo(json.dumps(doc, indent=1))
-        return
-    if counters is not None:
-        head += report(counters)
-    else:
-        head += f"per-service counters: not read in {mode} mode yet\n"
-    click.echo(head, nl=False)
+            doc["traffic"] = json.loads(from_daemon(daemon_url or "", "/debug/traffic"))
+            text += st.traffic_report(doc["traffic"])
+        except ConfigError as err:  # the daemon's mode counts nothing per service
+            doc["traffic"], text = None, text + f"per service port: {err}\n"
+    try:
+        if mode == "ipvs":
+            stats = st.read_ipvs()
+            doc["ipvs"], text = st.ipvs_doc(stats), text + st.ipvs_report(stats)
+        elif mode == "iptables":
+            counters = st.read(iptables_backend)
+            doc["counters"] = {k: asdict(v) for k, v in counters.items()}
+            text += st.report(counters)
+        elif mode == "nftables":
+            seen = st.read_nft()
+            doc["nftables"] = {k: asdict(v) for k, v in seen.items()}
+            text += st.nft_report(seen)
+        elif state is None:
+            text += "userspace mode: the relay's counts are the daemon's; use --from-daemon\n"
+    except st.StatusError as err:
+        raise BackendUnavailable(str(err)) from None
+    click.echo(json.dumps(doc, indent=1) if output == "json" else text, nl=output == "json")
 
 
 def from_daemon(url: str, path: str) -> str:

@@ -36,6 +36,7 @@ from pyproxy.serving.health import (
     serve,
 )
 from pyproxy.serving.metrics import Metrics
+from pyproxy.serving.service_metrics import ServiceTrafficCollector
 from pyproxy.sources.manifests import ManifestsSource
 from pyproxy.sync.runner import BoundedFrequencyRunner
 from pyproxy.sync.syncer import Syncer, SyncRecord
@@ -61,6 +62,9 @@ class Daemon:
         )
         self.metrics = Metrics(CollectorRegistry())
         self.backend.register_metrics(self.metrics.registry)
+        if cfg.service_metrics:
+            self.metrics.registry.register(ServiceTrafficCollector(
+                self.backend.service_traffic, cfg.service_metrics_max_series))  # fmt: skip
         self.health = ProxyHealth(timeout=2 * cfg.sync_period)
         host = cfg.healthz_address[0] if cfg.healthz_address else "0.0.0.0"
         self.service_health = ServiceHealthServer(
@@ -81,6 +85,7 @@ class Daemon:
             transactions=self.backend.transactions,
             explain=lambda st, svc, port: explain(st, svc, port, self._walk(st)),
             explain_data=lambda st, svc, port: explain_data(st, svc, port, self._walk(st)),
+            traffic=self.backend.service_traffic,
         )
 
     def _walk(self, state: ProxyState) -> Walk:

@@ -126,6 +126,18 @@ def masquerade_bit(value: Any) -> int:
     return bit
 
 
+def series_cap(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"{value!r} is not an integer")
+    try:
+        cap = int(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an integer") from None
+    if cap < 1:
+        raise ValueError("must be at least 1")
+    return cap
+
+
 def choice(*allowed: str) -> Callable[[Any], str]:
     def parse(value: Any) -> str:
         if str(value) not in allowed:
@@ -256,6 +268,8 @@ SETTINGS: tuple[Setting, ...] = (
         bind_address,
     ),
     Setting("iptables_backend", "--iptables-backend", None, "auto", choice(*IPTABLES_BACKENDS)),
+    Setting("service_metrics", "--service-metrics", None, False, boolean),
+    Setting("service_metrics_max_series", "--service-metrics-max-series", None, 1000, series_cap),
     Setting("log_level", "--log-level", None, "info", choice(*LOG_LEVELS)),
     Setting("log_format", "--log-format", None, "text", choice(*LOG_FORMATS)),
 )
@@ -369,6 +383,8 @@ def _build(v: Mapping[str, Any], origin: Mapping[str, str]) -> ProxyConfig:
         ipvs_strict_arp=v["ipvs_strict_arp"],
         metrics_address=v["metrics_bind_address"],
         healthz_address=v["healthz_bind_address"],
+        service_metrics=v["service_metrics"],
+        service_metrics_max_series=v["service_metrics_max_series"],
         log_level=v["log_level"],
         log_format=v["log_format"],
     )

@@ -65,6 +65,9 @@ class ProxyConfig:
     ipvs_strict_arp: bool = False
     metrics_address: tuple[str, int] | None = ("127.0.0.1", 10249)
     healthz_address: tuple[str, int] | None = ("0.0.0.0", 10256)
+    service_metrics: bool = False
+    """Per-service-port traffic metrics (and, in nftables mode, the named counters they read)."""
+    service_metrics_max_series: int = 1000
     log_level: str = "info"
     log_format: str = "text"
 

@@ -157,9 +157,9 @@ class Nft:
                     out[m.group(1)].add(m.group(2))
         return out
 
-    def counters(self, family: str, table: str) -> dict[str, int]:
-        """Packets of each named counter of one table, from one netlink dump of the family's
-        stateful objects: 2 ms where ``nft list counters`` takes 180 ms at 10,000 service
+    def counters(self, family: str, table: str) -> dict[str, tuple[int, int]]:
+        """(packets, bytes) of each named counter of one table, from one netlink dump of the
+        family's stateful objects: 2 ms where ``nft list counters`` takes 180 ms at 10,000 service
         chains (it fetches every rule first)."""
         number = next(n for n, name in FAMILIES.items() if name == family)
         try:
@@ -172,7 +172,10 @@ class Nft:
         for m in msgs:
             if m.get_attr("NFTA_OBJ_TABLE") == table and m.get_attr("NFTA_OBJ_TYPE") == 1:
                 data = m.get_attr("NFTA_OBJ_DATA")
-                out[m.get_attr("NFTA_OBJ_NAME")] = int(data.get_attr("NFTA_COUNTER_PACKETS"))
+                out[m.get_attr("NFTA_OBJ_NAME")] = (
+                    int(data.get_attr("NFTA_COUNTER_PACKETS")),
+                    int(data.get_attr("NFTA_COUNTER_BYTES")),
+                )
         return out
 
     def tables(self) -> set[tuple[str, str]]:

@@ -232,6 +232,14 @@ class ProxyState:
             index.setdefault(spn.service, []).append(spn)
         return {k: tuple(v) for k, v in index.items()}
 
+    def service_addresses(self) -> frozenset[IPAddress]:
+        """Every cluster, external and load-balancer IP: addresses that are no node's."""
+        return frozenset(
+            ip
+            for sp in self.services.values()
+            for ip in (*sp.cluster_ips, *sp.external_ips, *sp.load_balancer_ips)
+        )
+
     def service_names(self) -> list[NamespacedName]:
         return sorted(self._index)
 

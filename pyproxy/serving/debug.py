@@ -2,8 +2,10 @@
 never the public health port): ``/debug/state`` (the model pyproxy would program now, the last
 sync, pending changes and the latest skipped objects with their reasons), ``/debug/rules``
 (the last transaction applied and the last that failed, with its error) and
-``/debug/explain?service=NS/NAME[:PORT]``. SIGUSR1 writes the same state and rules to the log,
-for support ("incredibly useful", kubernetes/kubernetes#129061)."""
+``/debug/explain?service=NS/NAME[:PORT]`` and ``/debug/traffic`` (per service port, what the
+mode counted: the numbers behind ``--service-metrics``, also without it). SIGUSR1 writes the
+same state and rules to the log, for support ("incredibly useful", kubernetes/kubernetes#129061).
+"""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pyproxy.backends.base import Transaction, TransactionLog
+from pyproxy.backends.base import BackendError, ServiceTraffic, Transaction, TransactionLog
 from pyproxy.model.types import NamespacedName, ProxyState, ServicePort
 from pyproxy.serving.health import Route
 
@@ -94,6 +96,7 @@ class DebugView:
     transactions: TransactionLog
     explain: Callable[[ProxyState, NamespacedName, str | None], str]
     explain_data: Callable[[ProxyState, NamespacedName, str | None], list[dict[str, Any]]]
+    traffic: Callable[[], Mapping[str, ServiceTraffic]]
 
     def state_doc(self) -> dict[str, Any]:
         return state_doc(self.state(), self.status(), self.skipped())
@@ -118,6 +121,12 @@ class DebugView:
                 return 200, JSON, json.dumps(self.state_doc(), indent=1).encode()
             if path == "/debug/rules":
                 return 200, JSON, json.dumps(self.rules_doc(), indent=1).encode()
+            if path == "/debug/traffic":
+                try:
+                    doc = {k: dataclasses.asdict(v) for k, v in sorted(self.traffic().items())}
+                except BackendError as err:  # a mode (or setting) without such counters
+                    return 503, "text/plain; charset=utf-8", f"{err}\n".encode()
+                return 200, JSON, json.dumps(doc, indent=1).encode()
             if path == "/debug/explain":
                 code, text = self.explain_text(query)
                 return code, "text/plain; charset=utf-8", text.encode()

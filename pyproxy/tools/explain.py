@@ -23,7 +23,6 @@ from pyproxy.model.types import (
     IPAddress,
     IPFamily,
     NamespacedName,
-    NodeInfo,
     ProxyState,
     ServicePort,
 )
@@ -70,14 +69,17 @@ def _ports(state: ProxyState, service: NamespacedName, port: str | None) -> list
     return sorted(found, key=lambda p: (p.name.port, p.protocol.value))
 
 
-def _targets(sp: ServicePort, node: NodeInfo) -> list[tuple[str, IPAddress, int, bool]]:
-    """(what, address, port, from pods too) for each way into the service port."""
+def _targets(sp: ServicePort, state: ProxyState) -> list[tuple[str, IPAddress, int, bool]]:
+    """(what, address, port, from pods too) for each way into the service port. A NodePort
+    at the Node's own IP, else at this host's first address that is no service's (IPVS mode
+    puts every service address on kube-ipvs0)."""
     out = [("cluster IP", ip, sp.port, True) for ip in sp.cluster_ips]
     if sp.node_port:
+        taken = state.service_addresses()
         for family in {IPFamily.of(ip) for ip in sp.cluster_ips}:
-            ip = node.primary_ip(family) or next(
-                (a for a in node.local_addresses if IPFamily.of(a) is family
-                 and not a.is_loopback), None)  # fmt: skip
+            ip = state.node.primary_ip(family) or next(
+                (a for a in state.node.local_addresses if IPFamily.of(a) is family
+                 and not a.is_loopback and a not in taken), None)  # fmt: skip
             if ip is not None:
                 out.append(("NodePort", ip, sp.node_port, False))
     out += [("external IP", ip, sp.port, False) for ip in sp.external_ips]
@@ -85,9 +87,9 @@ def _targets(sp: ServicePort, node: NodeInfo) -> list[tuple[str, IPAddress, int,
     return out
 
 
-def _paths(sp: ServicePort, node: NodeInfo, walk: Walk) -> list[dict[str, Any]]:
+def _paths(sp: ServicePort, state: ProxyState, walk: Walk) -> list[dict[str, Any]]:
     out = []
-    for what, ip, port, from_pods in _targets(sp, node):
+    for what, ip, port, from_pods in _targets(sp, state):
         family = IPFamily.of(ip)
         sources = [("outside the cluster", OUTSIDE[family])]
         if from_pods and family in walk.pod_sources:
@@ -140,7 +142,7 @@ def explain_data(
                 "thisNode": ep.node_name == state.node.name,
                 "reason": _why_not(ep, sp, used, sel.topology_mode, state.node.name),
             } for ep in eps],
-            "paths": _paths(sp, state.node, walk) if walk else [],
+            "paths": _paths(sp, state, walk) if walk else [],
         })  # fmt: skip
     return out
 

@@ -1,75 +1,69 @@
 """``pyproxy status``: the daemon's own status (mode, last sync, pending changes, counts,
 skipped objects; from its /debug/state) and per-service and per-endpoint traffic counters from
-the programmed rules.
-
-iptables mode keeps a packet/byte counter on every rule; the DNAT rule of each KUBE-SEP chain
-counts the new connections (first packets, since later ones follow conntrack) sent to that
-endpoint, and the REJECT/DROP rules count what was refused for want of endpoints. Read with
-``iptables-save -c`` through the kernel layer, so it works on both back ends.
+the programmed rules (iptables: rule counters, read with ``iptables-save -c`` through the kernel
+layer; IPVS: virtual and real server statistics; nftables: the named counters
+``--service-metrics`` adds; userspace: the daemon's relay).
 """
 
 from __future__ import annotations
 
-import re
-from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-from pyproxy.kernel.iptables import Iptables
-from pyproxy.kernel.ipvs import Ipvs, Stats
-
-_COUNTED = re.compile(r"^\[(\d+):(\d+)\] -A (\S+) (.*)$")
-_COMMENT = re.compile(r'--comment (?:"([^"]*)"|(\S+))')
-_DEST = re.compile(r"--to-destination (\S+)")
-
-
-@dataclass
-class ServiceCounters:
-    endpoints: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """endpoint -> (connections, bytes of those first packets)"""
-    refused: int = 0
-    dropped: int = 0
-
-    @property
-    def connections(self) -> int:
-        return sum(p for p, _ in self.endpoints.values())
+from pyproxy.backends.base import ServiceTraffic, by_service_port
+from pyproxy.backends.nftables.names import counted_port, is_service_counter
+from pyproxy.backends.nftables.render import TABLE
+from pyproxy.backends.xtables.counters import ServiceCounters, parse
+from pyproxy.kernel.iptables import Iptables, IptablesError, detect_backend
+from pyproxy.kernel.ipvs import Ipvs, IpvsError, Stats
+from pyproxy.kernel.nft import Nft, NftError
 
 
-def parse(nat: str, filt: str) -> dict[str, ServiceCounters]:
-    """Counters per service port name, from ``iptables-save -c`` text of nat and filter."""
-    out: dict[str, ServiceCounters] = defaultdict(ServiceCounters)
-    for line in nat.splitlines():
-        m = _COUNTED.match(line)
-        if not m or not m.group(3).startswith("KUBE-SEP-"):
-            continue
-        dest, comment = _DEST.search(m.group(4)), _COMMENT.search(m.group(4))
-        if dest and comment:
-            name = comment.group(1) or comment.group(2)
-            packets, octets = out[name].endpoints.get(dest.group(1), (0, 0))
-            out[name].endpoints[dest.group(1)] = (
-                packets + int(m.group(1)),
-                octets + int(m.group(2)),
-            )
-    for line in filt.splitlines():
-        m = _COUNTED.match(line)
-        comment = _COMMENT.search(m.group(4)) if m else None
-        if not m or not comment:
-            continue
-        text = comment.group(1) or comment.group(2)
-        for suffix, attr in (
-            (" has no endpoints", "refused"),
-            (" has no local endpoints", "dropped"),
-        ):
-            if text.endswith(suffix):
-                svc = out[text[: -len(suffix)]]
-                setattr(svc, attr, getattr(svc, attr) + int(m.group(1)))
-    return dict(out)
+class StatusError(Exception):
+    """The kernel's counters cannot be read here (one line)."""
 
 
-def read(ipt: Iptables) -> dict[str, ServiceCounters]:
-    return parse(ipt.save("nat", counters=True), ipt.save("filter", counters=True))
+def read(iptables_backend: str) -> dict[str, ServiceCounters]:
+    """iptables mode: every KUBE-SEP DNAT rule's and refusal rule's counters (IPv4)."""
+    try:
+        ipt = Iptables(detect_backend(iptables_backend, writes=False))
+        return parse(ipt.save("nat", counters=True), ipt.save("filter", counters=True))
+    except IptablesError as err:
+        raise StatusError(str(err)) from None
+
+
+def read_nft() -> dict[str, ServiceTraffic]:
+    """nftables mode: the service ports' named counters (--service-metrics), both families."""
+    nft = Nft()
+    try:
+        values = [(n, v) for family in ("ip", "ip6")
+                  for n, v in nft.counters(family, TABLE).items()]  # fmt: skip
+    except NftError as err:
+        raise StatusError(str(err)) from None
+    return by_service_port((counted_port(name), ServiceTraffic(p, p, b))
+                           for name, (p, b) in values if is_service_counter(name))  # fmt: skip
+
+
+def nft_report(seen: Mapping[str, ServiceTraffic]) -> str:
+    if not seen:
+        return ("no per-service counters in table kube-proxy (pyproxy counts per service in "
+                "nftables mode with --service-metrics)\n")  # fmt: skip
+    out = [f"{'SERVICE PORT':40} {'CONNECTIONS':>11} {'BYTES':>12}"]
+    out += [f"{name:40} {t.connections:>11} {t.bytes or 0:>12}" for name, t in sorted(seen.items())]
+    return "\n".join(out) + "\n"
+
+
+def traffic_report(doc: Mapping[str, Mapping[str, int | None]]) -> str:
+    """The daemon's /debug/traffic: per service port, what its mode counted."""
+    out = ["per service port, as the daemon counts them:",
+           f"  {'SERVICE PORT':40} {'CONNECTIONS':>11} {'PACKETS':>10} {'BYTES':>12}"]  # fmt: skip
+    for name, t in sorted(doc.items()):
+        packets = "-" if t.get("packets") is None else str(t["packets"])
+        octets = "-" if t.get("bytes") is None else str(t["bytes"])
+        out.append(f"  {name:40} {t['connections']:>11} {packets:>10} {octets:>12}")
+    return "\n".join(out) + "\n"
 
 
 def report(counters: dict[str, ServiceCounters]) -> str:
@@ -149,12 +143,15 @@ def ipvs_report(stats: Mapping[tuple[int, str, int], tuple[Stats, Mapping[tuple[
 
 
 def read_ipvs() -> dict[tuple[int, str, int], tuple[Stats, dict[tuple[str, int], Stats]]]:
-    """Every virtual server's counters with its real servers' (raises IpvsError)."""
-    sock = Ipvs()
+    """Every virtual server's counters with its real servers'."""
     try:
-        return sock.statistics()
-    finally:
-        sock.close()
+        sock = Ipvs()
+        try:
+            return sock.statistics()
+        finally:
+            sock.close()
+    except IpvsError as err:
+        raise StatusError(str(err)) from None
 
 
 def ipvs_doc(

@@ -54,6 +54,7 @@ def proxy(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Py
         "2s",
         "--metrics-bind-address",
         "127.0.0.1:10249",
+        "--service-metrics",
         mode="ipvs",
     ).start()
     try:
@@ -264,22 +265,28 @@ def test_diff_is_clean_then_names_a_deleted_real_server(world: World, proxy: Pyp
 
 def test_status_counts_every_connection(world: World, proxy: Pyproxy) -> None:
     """``pyproxy status --mode ipvs``: the kernel's counters per virtual and real server grow
-    by exactly the connections made."""
+    by exactly the connections made; so do the daemon's per-service count (/debug/traffic,
+    status --from-daemon) and ``pyproxy_service_connections_total``."""
     proxy.write("cnt", *manifest_objects(world, svc("cnt", "10.96.7.21", [HTTP]),
                                          pods(world, 1, 2), HTTP_EP))  # fmt: skip
     reachable(world, "10.96.7.21")
 
-    def counts() -> tuple[int, int]:
-        doc = json.loads(world.exec(world.node, PYPROXY, "status", "--mode", "ipvs", "-o",
+    def counts() -> tuple[int, ...]:
+        base = METRICS_URL.removesuffix("/metrics")
+        doc = json.loads(world.exec(world.node, PYPROXY, "status", "--from-daemon", base, "-o",
                                     "json").stdout)  # fmt: skip
         (vs,) = [v for v in doc["ipvs"] if (v["address"], v["port"]) == ("10.96.7.21", 80)]
-        return vs["connections"], sum(r["connections"] for r in vs["realServers"])
+        labels = '{namespace="t",port="http",service="cnt"}'
+        exported = metric(scrape(world), "pyproxy_service_connections_total", labels)
+        return (vs["connections"], sum(r["connections"] for r in vs["realServers"]),
+                doc["traffic"]["t/cnt:http"]["connections"], int(exported))  # fmt: skip
 
     before = counts()
     r = world.probe("tcp", "10.96.7.21", 80, count=30)
     assert total(r) == 30
     after = counts()
-    assert (after[0] - before[0], after[1] - before[1]) == (30, 30)
+    assert tuple(a - b for a, b in zip(after, before, strict=True)) == (30, 30, 30, 30), (
+        before, after)  # fmt: skip
     text = world.exec(world.node, PYPROXY, "status", "--mode", "ipvs").stdout
     assert any(ln.split()[:2] == ["TCP", "10.96.7.21:80"] for ln in text.splitlines()), text
     proxy.remove("cnt")

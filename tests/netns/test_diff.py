@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 
 import pytest
 
@@ -18,7 +20,7 @@ from tests.netns.world import (
 )
 
 pytestmark = pytest.mark.netns
-PYPROXY_MODES = ("iptables", "nftables")
+PYPROXY_MODES = ("iptables", "nftables", "userspace")
 # No drift check (it runs every sync period) may put the deleted object back before diff looks.
 PYPROXY_FLAGS = ("--sync-period", "1h")
 IP = "10.96.44.1"
@@ -43,6 +45,14 @@ def delete_one(world: World, proxy: Pyproxy) -> tuple[str, str]:
                    f"{{ {element} }}")  # fmt: skip
         return "table ip kube-proxy map service-ips", f"element {element} : goto "
     save = world.iptables_save("nat").splitlines()
+    if proxy.mode == "userspace":  # the relay's port is the daemon's: diff names <relay port>
+        redirect = next(ln for ln in save if ln.startswith("-A KUBE-PORTALS-CONTAINER ")
+                        and f" -d {IP}/32 " in ln and " -j REDIRECT " in ln)  # fmt: skip
+        world.exec(world.node, "iptables-nft", "-t", "nat",
+                   *shlex.split(redirect.replace("-A", "-D", 1)))  # fmt: skip
+        assert redirect not in world.iptables_save("nat").splitlines()
+        shown = re.sub(r"--to-ports \d+", "--to-ports <relay port>", redirect)
+        return "IPv4 nat chain KUBE-PORTALS-CONTAINER", shown
     dnat = next(ln for ln in save if ln.startswith("-A KUBE-SEP-") and '"t/dif:http"' in ln
                 and ln.endswith(f"--to-destination {pod.ip}:8080"))  # fmt: skip
     chain = dnat.split()[1]

@@ -36,8 +36,10 @@ from pyproxy.backends.base import (
     Backend,
     BackendError,
     Difference,
+    ServiceTraffic,
     SyncRequest,
     SyncResult,
+    by_service_port,
 )
 from pyproxy.backends.iptables import names
 from pyproxy.backends.iptables.render import (
@@ -55,6 +57,7 @@ from pyproxy.backends.stale_conntrack import stale_filters
 from pyproxy.backends.sysctls import require_sysctls
 from pyproxy.backends.trace import Packet, Trace
 from pyproxy.backends.xtables.compare import compare as xtables_compare
+from pyproxy.backends.xtables.counters import parse
 from pyproxy.backends.xtables.rules import KUBE_MARK_MASQ, KUBE_PROXY_CANARY
 from pyproxy.backends.xtables.tables import (
     DriftWatch,
@@ -171,6 +174,19 @@ class IptablesBackend(Backend):
         text = Renderer(cfg).full(state).text()
         walker = Walker(text, cfg.jump_rules(), state.node.local_addresses, cfg.mark)
         return Trace(packet, self.mode, tuple(walker.walk(packet)))
+
+    def service_traffic(self) -> dict[str, ServiceTraffic]:
+        """The KUBE-SEP DNAT rules' counters: new connections (a connection's first packet is
+        the only one the nat table sees) and the bytes of those first packets."""
+        try:
+            saves = [fam.ipt.save("nat", counters=True) for fam in self._setup()]
+        except IptablesError as err:
+            raise BackendError(f"cannot read rule counters: {err}") from None
+        return by_service_port(
+            (name, ServiceTraffic(c.connections, c.connections, c.bytes))
+            for save in saves
+            for name, c in parse(save, "").items()
+        )
 
     # ---- sync -----------------------------------------------------------------------------
 

@@ -24,8 +24,10 @@ from pyproxy.backends.base import (
     BackendError,
     BackendUnavailable,
     Difference,
+    ServiceTraffic,
     SyncRequest,
     SyncResult,
+    by_service_port,
 )
 from pyproxy.backends.ipvs.diff import CurrentDest, CurrentService, Plan, plan, plan_partial
 from pyproxy.backends.ipvs.render import (
@@ -159,14 +161,32 @@ class IpvsBackend(Backend):
             )
         return "\n".join(parts)
 
+    def service_traffic(self) -> dict[str, ServiceTraffic]:
+        """Each virtual server's statistics (netlink), summed per service port over its
+        addresses (cluster IP, NodePorts, external and load-balancer IPs): connections, and
+        packets and bytes in both directions."""
+        try:
+            sock = kipvs.Ipvs()
+            try:
+                stats = sock.statistics()
+            finally:
+                sock.close()
+        except kipvs.IpvsError as err:
+            raise BackendError(str(err)) from None
+        tables = self._tables or {}
+        owned = ((tables[f].virtual_server(key) if f in tables else None, vs)
+                 for key, (vs, _) in stats.items() for f in (_family_of(key),))  # fmt: skip
+        return by_service_port(
+            (desired.comment.split(" ", 1)[0],  # the comment starts with the service port
+             ServiceTraffic(vs.connections, vs.packets_in + vs.packets_out,
+                            vs.bytes_in + vs.bytes_out))
+            for desired, vs in owned if desired is not None
+        )  # fmt: skip
+
     def trace(self, state: ProxyState, packet: Packet) -> Trace:
         """The node's own addresses exclude kube-ipvs0's (service addresses), as a sync's do."""
         cfg = self.configs[packet.family]
-        services = {
-            ip
-            for sp in state.services.values()
-            for ip in (*sp.cluster_ips, *sp.external_ips, *sp.load_balancer_ips)
-        }
+        services = state.service_addresses()
         local = tuple(a for a in state.node.local_addresses if a not in services)
         state = replace(state, node=state.node.with_local_addresses(local))
         walk = IpvsWalk(render(state, cfg), JUMPS, local, cfg.mark, family_sets(packet.family))

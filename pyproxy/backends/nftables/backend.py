@@ -25,14 +25,17 @@ from pyproxy.backends.base import (
     BackendError,
     BackendUnavailable,
     Difference,
+    ServiceTraffic,
     SyncRequest,
     SyncResult,
+    by_service_port,
 )
 from pyproxy.backends.local_addresses import with_local_addresses
 from pyproxy.backends.metrics import FAMILY, SyncDurations
 from pyproxy.backends.nftables import transactions as tx
 from pyproxy.backends.nftables.compare import compare as nft_compare
 from pyproxy.backends.nftables.localhost import LocalhostNodePorts
+from pyproxy.backends.nftables.names import is_service_counter
 from pyproxy.backends.nftables.render import (
     LOCALHOST_PROTOCOLS,
     TABLE,
@@ -61,7 +64,7 @@ class RejectedPackets(Collector):
     """``kubeproxy_nftables_localhost_nodeport_rejected_packets_total``: the table's named
     counters, read at each scrape (upstream's nftCounterMetricCollector)."""
 
-    def __init__(self, read: Callable[[IPFamily], dict[str, int]]) -> None:
+    def __init__(self, read: Callable[[IPFamily], dict[str, tuple[int, int]]]) -> None:
         self.read = read
 
     def collect(self) -> Iterator[CounterMetricFamily]:
@@ -80,7 +83,7 @@ class RejectedPackets(Collector):
             for proto in LOCALHOST_PROTOCOLS:
                 n = packets.get(localhost_reject_counter(proto))
                 if n is not None:
-                    metric.add_metric((family.value, proto.upper()), n)
+                    metric.add_metric((family.value, proto.upper()), n[0])
         yield metric
 
 
@@ -151,10 +154,32 @@ class NftablesBackend(Backend):
         if self.localhost.families:
             registry.register(RejectedPackets(self._counters))
 
-    def _counters(self, family: IPFamily) -> dict[str, int]:
+    def _counters(self, family: IPFamily) -> dict[str, tuple[int, int]]:
         if self._nft is None:
             return {}
         return self._nft.counters(self.configs[family].nft_family, TABLE)
+
+    def service_traffic(self) -> dict[str, ServiceTraffic]:
+        """The named counters of the service ports' DNAT rules (--service-metrics): new
+        connections (the nat chains see a connection's first packet only) and their bytes."""
+        if not self.proxy.service_metrics:
+            raise BackendUnavailable(
+                "nftables mode counts traffic per service with --service-metrics only "
+                "(upstream's table has no counters)"
+            )
+        counted: list[tuple[str, ServiceTraffic]] = []
+        for fam in self._families or ():
+            owners = fam.programmed.service_counters() if fam.programmed else {}
+            try:
+                values = self._counters(fam.family)
+            except NftError as err:
+                raise BackendError(f"cannot read the nftables counters: {err}") from None
+            counted += [
+                (owners[name], ServiceTraffic(packets, packets, octets))
+                for name, (packets, octets) in values.items()
+                if name in owners
+            ]
+        return by_service_port(counted)
 
     def render(self, state: ProxyState) -> str:
         """The transaction a full sync writes into an empty namespace, per family."""
@@ -319,7 +344,12 @@ class NftablesBackend(Backend):
             raise BackendError(
                 f"cannot list the {fam.cfg.nft_family} {TABLE} table: {err}"
             ) from None
-        text = tx.full(new, fam.mirror, existing["chain"], existing["set"], now, existing["map"])
+        try:
+            counters = [n for n in nft.counters(fam.cfg.nft_family, TABLE) if is_service_counter(n)]
+        except NftError as err:
+            raise BackendError(f"cannot list the {fam.cfg.nft_family} counters: {err}") from None
+        text = tx.full(new, fam.mirror, existing["chain"], existing["set"], now, existing["map"],
+                       counters)  # fmt: skip
         fam.programmed, fam.trusted = new, False
         self._run(nft, fam, text, fresh=new.rule_count() > FRESH_PROCESS_RULES)
         tx.written_after_full(new, fam.mirror)

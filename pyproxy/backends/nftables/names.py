@@ -16,6 +16,8 @@ EXTERNAL = "external-"
 FIREWALL = "firewall-"
 ENDPOINT = "endpoint-"
 AFFINITY = "affinity-"
+COUNTER = "counter-"
+"""pyproxy's own (not upstream's): a service port's named counter, with --service-metrics."""
 
 
 def _hash_and_truncate(name: str) -> str:
@@ -43,3 +45,15 @@ def is_service_chain(name: str) -> bool:
 
 def is_affinity_set(name: str) -> bool:
     return name.startswith(AFFINITY)
+
+
+def is_service_counter(name: str) -> bool:
+    return name.startswith(COUNTER) and "/" in name
+
+
+def counted_port(counter: str) -> str:
+    """The service port a named counter counts, ``ns/name[:port]``, from its name alone
+    (``counter-HASH-ns/name/proto/port``; a truncated name keeps what is left)."""
+    readable = counter.removeprefix(COUNTER).split("-", 1)[-1]
+    ns, name, _proto, port = [*readable.split("/", 3), "", "", ""][:4]
+    return f"{ns}/{name}:{port}" if port else f"{ns}/{name}"

@@ -63,6 +63,11 @@ class NftConfig:
         return "ip" if self.family is IPFamily.IPV4 else "ip6"
 
     @property
+    def counters(self) -> bool:
+        """A named counter per service port in its DNAT rules (not in upstream's table)."""
+        return self.proxy.service_metrics
+
+    @property
     def addr_type(self) -> str:
         return "ipv4_addr" if self.family is IPFamily.IPV4 else "ipv6_addr"
 
@@ -117,6 +122,8 @@ class ServiceObjects:
     """Per-service chains (their names carry a slash) and their rules, in write order."""
     sets: dict[str, str] = field(default_factory=dict)
     """Affinity sets: name -> definition."""
+    counters: dict[str, str] = field(default_factory=dict)
+    """Named counters (--service-metrics): name -> the service port they count."""
     elements: list[Element] = field(default_factory=list)
     no_local_internal: int = 0
     no_local_external: int = 0
@@ -124,6 +131,7 @@ class ServiceObjects:
     def merge(self, other: ServiceObjects) -> None:
         self.chains.update(other.chains)
         self.sets.update(other.sets)
+        self.counters.update(other.counters)
         self.elements += other.elements
         self.no_local_internal += other.no_local_internal
         self.no_local_external += other.no_local_external
@@ -146,6 +154,11 @@ class _Port:
     @cached_property
     def proto(self) -> str:
         return self.sp.protocol.value.lower()
+
+    @property
+    def counted(self) -> str:
+        """The named-counter statement of this port's DNAT rules ("" without counters)."""
+        return f'counter name "{names.COUNTER}{self.base}" ' if self.cfg.counters else ""
 
     @property
     def cluster_chain(self) -> str:
@@ -288,7 +301,7 @@ def _dnat_rule(p: _Port, eps: tuple[Endpoint, ...]) -> str:
     ip = p.cfg.nft_family
     elems = " , ".join(f"{i} : {ep.ip} . {ep.port}" for i, ep in enumerate(eps))
     return (
-        f"meta l4proto {p.proto} dnat {ip} addr . port to numgen random mod {len(eps)}"
+        f"meta l4proto {p.proto} {p.counted}dnat {ip} addr . port to numgen random mod {len(eps)}"
         f" map {{ {elems} }}"
     )
 
@@ -313,7 +326,7 @@ def _endpoint_chain(p: _Port, ep: Endpoint) -> list[str]:
     ip = p.cfg.nft_family
     return [
         f"update @{names.AFFINITY}{p.endpoint_bases[ep]} {{ {ip} saddr }}",
-        f"meta l4proto {p.proto} dnat to {ep}",
+        f"meta l4proto {p.proto} {p.counted}dnat to {ep}",
     ]
 
 
@@ -325,6 +338,8 @@ def _policy_chains(p: _Port, out: ServiceObjects) -> None:
     ):
         if used:
             out.chains[chain] = _affinity_rules(p, eps) if affinity else [_dnat_rule(p, eps)]
+            if p.cfg.counters:
+                out.counters[names.COUNTER + p.base] = str(p.sp.name)
     if not affinity:
         return
     timeout = f"timeout {p.sp.sticky_max_age_seconds}s"

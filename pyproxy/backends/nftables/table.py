@@ -113,6 +113,10 @@ class Rendered:
     def affinity_sets(self) -> dict[str, str]:
         return {s: d for e in self.entries.values() for s, d in e.objects.sets.items()}
 
+    def service_counters(self) -> dict[str, str]:
+        """Named counter -> the service port it counts (--service-metrics)."""
+        return {c: p for e in self.entries.values() for c, p in e.objects.counters.items()}
+
     def rule_count(self) -> int:
         return sum(len(r) for r in self.static.rules.values()) + sum(
             len(r) for e in self.entries.values() for r in e.objects.chains.values()

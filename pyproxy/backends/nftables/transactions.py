@@ -47,9 +47,11 @@ def _add(r: Rendered, kind: str) -> str:
     return r.prefix("add", kind)
 
 
-def _chain_block(r: Rendered, chains: dict[str, list[str]], sets: dict[str, str]) -> list[str]:
-    """Declare, flush and fill ``chains``; affinity ``sets`` are added first."""
+def _chain_block(r: Rendered, chains: dict[str, list[str]], sets: dict[str, str],
+                 counters: Collection[str]) -> list[str]:  # fmt: skip
+    """Declare, flush and fill ``chains``; affinity ``sets`` and named counters first."""
     out = [f"{_add(r, 'set')} {n} {d}\n" for n, d in sets.items()]
+    out += [f"{_add(r, 'counter')} {n}\n" for n in counters]
     for chain in chains:
         out += [f"{_add(r, 'chain')} {chain}\n", f"{r.prefix('flush', 'chain')} {chain}\n"]
     out += [f"{_add(r, 'rule')} {c} {rule}\n" for c, rules in chains.items() for rule in rules]
@@ -60,7 +62,7 @@ def _service_blocks(r: Rendered) -> list[str]:
     out: list[str] = []
     for svc in sorted(r.entries):
         obj = r.entries[svc].objects
-        out += _chain_block(r, obj.chains, obj.sets)
+        out += _chain_block(r, obj.chains, obj.sets, obj.counters)
     return out
 
 
@@ -71,10 +73,14 @@ def full(
     existing_sets: Collection[str],
     now: float,
     existing_maps: Collection[str] = (),
+    existing_counters: Collection[str] = (),
 ) -> str:
-    """The transaction of a full sync. ``existing_*`` are the table's current chain, set and
-    map names (listed once per full sync), to find stale ones."""
+    """The transaction of a full sync. ``existing_*`` are the table's current chain, set, map
+    and service counter names (listed once per full sync), to find stale ones."""
     out = _final(r, mirror, existing_chains, existing_sets, now, _service_blocks(r))
+    wanted = r.service_counters()
+    out += "".join(f"{r.prefix('delete', 'counter')} {n}\n"
+                   for n in sorted(existing_counters) if n not in wanted)  # fmt: skip
     return out + "".join(_unwanted_localhost_rejects(r, existing_chains, existing_maps))
 
 
@@ -152,6 +158,8 @@ def partial(
     old_sets: dict[str, str] = {}
     new_chains: dict[str, list[str]] = {}
     new_sets: dict[str, str] = {}
+    old_counters: set[str] = set()
+    new_counters: set[str] = set()
     touched: set[ElementKey] = set()
     for svc, entry in updates.items():
         old = r.entries.get(svc)
@@ -160,11 +168,16 @@ def partial(
         if old is not None:
             old_chains.update(old.objects.chains)
             old_sets.update(old.objects.sets)
+            old_counters.update(old.objects.counters)
         if entry is not None:
             new_chains.update(entry.objects.chains)
             new_sets.update(entry.objects.sets)
+            new_counters.update(entry.objects.counters)
     r.apply(updates)
-    out = _chain_changes(r, old_chains, new_chains, old_sets, new_sets, mirror, now)
+    out = [f"{_add(r, 'counter')} {n}\n" for n in sorted(new_counters - old_counters)]
+    out += _chain_changes(r, old_chains, new_chains, old_sets, new_sets, mirror, now)
+    # After the chains that used them were flushed (a counter in use cannot be deleted).
+    out += [f"{r.prefix('delete', 'counter')} {n}\n" for n in sorted(old_counters - new_counters)]
     out += _element_changes(r, touched, mirror)
     return "".join(out), touched
 

@@ -11,6 +11,7 @@ relay is on the node, so the client address is never preserved anyway.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -21,11 +22,15 @@ from pyproxy.backends.base import (
     Backend,
     BackendError,
     BackendUnavailable,
+    Difference,
+    ServiceTraffic,
     SyncRequest,
     SyncResult,
+    by_service_port,
 )
 from pyproxy.backends.relay import PortSpec, Relay
 from pyproxy.backends.trace import AFFINITY_NOTE, RELAY, Outcome, Packet, Trace
+from pyproxy.backends.xtables.compare import compare as xtables_compare
 from pyproxy.backends.xtables.rules import NEW, JumpRule
 from pyproxy.backends.xtables.tables import cleanup_everywhere, ensure_jumps, open_tables
 from pyproxy.backends.xtables.walk import Walker
@@ -85,6 +90,10 @@ def specs(state: ProxyState) -> dict[str, PortSpec]:
             str(sp.name),
         )
     return out
+
+
+_TO_PORTS = re.compile(r"--to-ports \d+")
+RELAY_PORT = "--to-ports <relay port>"
 
 
 def _listener(key: str) -> str:
@@ -194,6 +203,24 @@ class UserspaceBackend(Backend):
                                    endpoint=f"{host}:{port}", masquerade=True,
                                    steps=(*o.steps, step), notes=o.notes + note))  # fmt: skip
         return Trace(packet, self.mode, tuple(out))
+
+    def compare(self, state: ProxyState) -> list[Difference]:
+        """The REDIRECT and REJECT rules against the kernel's. The relay's ports are the
+        daemon's (the kernel picks them), so every --to-ports reads <relay port> on both
+        sides: a rule missing, extra or changed shows; which port it names does not."""
+        tables = open_tables(self.proxy.iptables_backend, (IPFamily.IPV4,), self.mode,
+                             writes=False)  # fmt: skip
+        text = render_rules(state, dict.fromkeys(specs(state), 1))
+        return xtables_compare(tables[IPFamily.IPV4], text, JUMPS, canary=False,
+                               normalize=lambda line: _TO_PORTS.sub(RELAY_PORT, line))  # fmt: skip
+
+    def service_traffic(self) -> dict[str, ServiceTraffic]:
+        """The relay's own counts: connections (TCP) and flows (UDP) it relayed, and the
+        payload bytes both ways; it sees no packets."""
+        return by_service_port(
+            (name, ServiceTraffic(connections, None, octets))
+            for name, connections, octets in self.relay.traffic().values()
+        )
 
     def prepare(self) -> None:
         self._tables()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from pyproxy.backends.base import BackendError, Difference, ordered_changes, per_service
 from pyproxy.backends.xtables.rules import CANARY_TABLES, KUBE_PROXY_CANARY, JumpRule
@@ -116,7 +116,17 @@ def compare(
     jumps: Iterable[JumpRule],
     canary: bool = True,
     prepare: Sequence[Sequence[str]] = (),
+    normalize: Callable[[str], str] | None = None,
 ) -> list[Difference]:
-    """The differences for one family (``rendered``: the backend's full restore input)."""
+    """The differences for one family (``rendered``: the backend's full restore input).
+    ``normalize``: applied to every line of both sides (what only the daemon knows, such as
+    the userspace relay's ports)."""
     expected = expected_tables(ipt, expected_text(rendered, jumps, canary), prepare)
-    return differences(expected, kernel_tables(ipt), ipt.family_name)
+    actual = kernel_tables(ipt)
+    if normalize is not None:
+        expected, actual = (
+            {t: {c: [normalize(ln) for ln in lines] for c, lines in chains.items()}
+             for t, chains in side.items()}
+            for side in (expected, actual)
+        )  # fmt: skip
+    return differences(expected, actual, ipt.family_name)
