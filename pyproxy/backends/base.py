@@ -41,11 +41,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 from prometheus_client import CollectorRegistry
 
 from pyproxy.backends.trace import Packet, Trace
 from pyproxy.model.types import IPFamily, NamespacedName, ProxyState
+
+W = TypeVar("W")
 
 
 class BackendError(RuntimeError):
@@ -223,6 +226,15 @@ class Backend(abc.ABC):
         """pyproxy's own objects in this namespace's kernel against what it would program for
         ``state``, normalized (counters, handles, element order); [] when they agree."""
         raise BackendUnavailable(f"pyproxy diff does not support {self.mode} mode yet")
+
+    def walker(self, state: ProxyState, family: IPFamily, make: Callable[[], W]) -> W:
+        """The walk ``make`` builds for ``state`` (a render of every service), kept while the
+        same state is traced again: ``explain`` traces each address of a port."""
+        cache: dict[IPFamily, tuple[ProxyState, Any]] = self.__dict__.setdefault("_walkers", {})
+        hit = cache.get(family)
+        if hit is None or hit[0] is not state:
+            hit = cache[family] = (state, make())
+        return cast(W, hit[1])
 
     def trace(self, state: ProxyState, packet: Packet) -> Trace:
         """Follow ``packet`` through the objects this mode renders for ``state`` (whose node

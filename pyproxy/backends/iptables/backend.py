@@ -171,8 +171,9 @@ class IptablesBackend(Backend):
 
     def trace(self, state: ProxyState, packet: Packet) -> Trace:
         cfg = self.configs[packet.family]
-        text = Renderer(cfg).full(state).text()
-        walker = Walker(text, cfg.jump_rules(), state.node.local_addresses, cfg.mark)
+        walker = self.walker(state, packet.family, lambda: Walker(
+            Renderer(cfg).full(state).text(), cfg.jump_rules(), state.node.local_addresses,
+            cfg.mark))  # fmt: skip
         return Trace(packet, self.mode, tuple(walker.walk(packet)))
 
     def service_traffic(self) -> dict[str, ServiceTraffic]:

@@ -186,10 +186,14 @@ class IpvsBackend(Backend):
     def trace(self, state: ProxyState, packet: Packet) -> Trace:
         """The node's own addresses exclude kube-ipvs0's (service addresses), as a sync's do."""
         cfg = self.configs[packet.family]
-        services = state.service_addresses()
-        local = tuple(a for a in state.node.local_addresses if a not in services)
-        state = replace(state, node=state.node.with_local_addresses(local))
-        walk = IpvsWalk(render(state, cfg), JUMPS, local, cfg.mark, family_sets(packet.family))
+
+        def make() -> IpvsWalk:
+            services = state.service_addresses()
+            local = tuple(a for a in state.node.local_addresses if a not in services)
+            own = replace(state, node=state.node.with_local_addresses(local))
+            return IpvsWalk(render(own, cfg), JUMPS, local, cfg.mark, family_sets(cfg.family))
+
+        walk = self.walker(state, packet.family, make)
         return Trace(packet, self.mode, tuple(walk.walk(packet)))
 
     # ---- set-up ---------------------------------------------------------------------------

@@ -203,8 +203,11 @@ class NftablesBackend(Backend):
         return out
 
     def trace(self, state: ProxyState, packet: Packet) -> Trace:
-        r = Renderer(self.configs[packet.family]).full(state)
-        walker = Walker(tx.full(r, tx.Mirror(), (), (), 0), state.node.local_addresses)
+        def make() -> Walker:
+            r = Renderer(self.configs[packet.family]).full(state)
+            return Walker(tx.full(r, tx.Mirror(), (), (), 0), state.node.local_addresses)
+
+        walker = self.walker(state, packet.family, make)
         return Trace(packet, self.mode, tuple(walker.walk(packet)))
 
     # ---- set-up ---------------------------------------------------------------------------

@@ -105,6 +105,7 @@ def render_rules(state: ProxyState, ports: Mapping[str, int] | None) -> str:
     """nat + filter rules; ``ports`` maps listener keys to local ports (None: placeholders)."""
     nat = ["*nat", *(f":{c} - [0:0]" for c in NAT_CHAINS)]
     filt = ["*filter", *(f":{c} - [0:0]" for c in FILTER_CHAINS)]
+    listening = ports if ports is not None else specs(state)
     for sp in state.sorted_services(IPFamily.IPV4):
         proto = sp.protocol.value.lower()
         name = str(sp.name)
@@ -116,7 +117,7 @@ def render_rules(state: ProxyState, ports: Mapping[str, int] | None) -> str:
         if sp.protocol is Protocol.SCTP:
             continue
         key = key_of(sp)
-        has = key in (ports if ports is not None else specs(state))
+        has = key in listening
         if not has:
             for addr in addrs:
                 filt.append(
@@ -188,8 +189,13 @@ class UserspaceBackend(Backend):
         sees the node's address, never the client's."""
         if packet.family is not IPFamily.IPV4 or packet.protocol is Protocol.SCTP:
             raise BackendUnavailable("userspace mode relays IPv4 TCP and UDP only")
-        wanted = {_listener(key): spec for key, spec in specs(state).items()}
-        walker = Walker(render_rules(state, None), JUMPS, state.node.local_addresses, "0x0")
+
+        def make() -> tuple[Walker, dict[str, PortSpec]]:
+            local = state.node.local_addresses
+            return (Walker(render_rules(state, None), JUMPS, local, "0x0"),
+                    {_listener(key): spec for key, spec in specs(state).items()})  # fmt: skip
+
+        walker, wanted = self.walker(state, IPFamily.IPV4, make)
         out: list[Outcome] = []
         for o in walker.walk(packet):
             if o.verdict != RELAY:

@@ -96,9 +96,11 @@ def parse_rule(table: str, line: str) -> Rule:
     return Rule(table, chain, line, tuple(matches), target, args, goto)
 
 
-def parse(text: str) -> dict[str, dict[str, list[Rule]]]:
-    """table -> chain -> rules, from restore input (comments and COMMIT ignored)."""
-    tables: dict[str, dict[str, list[Rule]]] = {}
+def split(text: str) -> dict[str, dict[str, list[str]]]:
+    """table -> chain -> rule lines, from restore input (comments and COMMIT ignored). The
+    lines are parsed only when the walk enters their chain: a walk visits a few chains of
+    the 100,000s a large cluster has."""
+    tables: dict[str, dict[str, list[str]]] = {}
     table = ""
     for line in text.splitlines():
         if line.startswith("*"):
@@ -107,8 +109,7 @@ def parse(text: str) -> dict[str, dict[str, list[Rule]]]:
         elif line.startswith(":"):
             tables[table].setdefault(line[1:].split(" ", 1)[0], [])
         elif line.startswith("-A "):
-            rule = parse_rule(table, line)
-            tables[table].setdefault(rule.chain, []).append(rule)
+            tables[table].setdefault(line.split(" ", 2)[1], []).append(line)
     return tables
 
 
@@ -127,16 +128,22 @@ class Walker:
         mark: str,
         sets: SetLookup | None = None,
     ) -> None:
-        self.tables = parse(text)
+        self.tables = split(text)
         self.local = frozenset(local)
         self.mark = int(mark, 0)
         self.sets = sets
+        self._parsed: dict[tuple[str, str], list[Rule]] = {}
         # Each jump is inserted at the head of its built-in chain: the last one runs first.
         for j in reversed(tuple(jumps)):
             line = " ".join(["-A", j.chain, *(quote(a) for a in j.args())])
-            self.tables.setdefault(j.table, {}).setdefault(j.chain, []).append(
-                parse_rule(j.table, line)
-            )
+            self.tables.setdefault(j.table, {}).setdefault(j.chain, []).append(line)
+
+    def rules(self, table: str, chain: str) -> list[Rule]:
+        key = (table, chain)
+        if key not in self._parsed:
+            lines = self.tables.get(table, {}).get(chain, [])
+            self._parsed[key] = [parse_rule(table, line) for line in lines]
+        return self._parsed[key]
 
     def is_local(self, addr: IPAddress) -> bool:
         return addr in self.local or addr.is_loopback
@@ -195,7 +202,7 @@ class Walker:
         if depth > 32:
             raise TraceError(f"chain loop at {table} {chain}")
         active, done = [flow], []
-        for rule in self.tables.get(table, {}).get(chain, []):
+        for rule in self.rules(table, chain):
             nxt: list[Flow] = []
             for f in active:
                 p = self._match(rule, packet, f)
