@@ -64,6 +64,15 @@ def test_render_examples_program_the_demo_service() -> None:
         (["--metrics-bind-address=nope", "--manifests=/"], "--metrics-bind-address"),
         (["--no-such-flag"], "--no-such-flag"),
         (["render", "--manifests=/nonexistent"], "--manifests"),
+        (["--service-metrics-max-series=0", "--manifests=/"], "--service-metrics-max-series"),
+        (["trace", "--from=10.0.0.1", "--to=10.96.0.1", "--manifests=/"], "--to"),
+        (["trace", "--from=nope", "--to=10.96.0.1:80", "--manifests=/"], "--from"),
+        (["trace", "--from=fd00::1", "--to=10.96.0.1:80", "--manifests=/"], "--to"),
+        (
+            ["trace", "--from=10.0.0.1", "--to=10.96.0.1:80", "--manifests=/nonexistent"],
+            "--manifests",
+        ),
+        (["explain", "ns/svc", "--manifests=/nonexistent"], "--manifests"),
     ],
 )
 def test_bad_flags_give_one_line_and_status_2(args: list[str], flag: str) -> None:
