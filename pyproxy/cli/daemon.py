@@ -25,7 +25,7 @@ from pyproxy.cli import memory
 from pyproxy.cli.walk import walk_of, with_local_addresses
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.events import Event
-from pyproxy.model.types import IPFamily, ProxyState
+from pyproxy.model.types import IPFamily, NamespacedName, ProxyState
 from pyproxy.serving.debug import DebugView
 from pyproxy.serving.health import (
     ProxyHealth,
@@ -83,14 +83,18 @@ class Daemon:
             status=self.status,
             skipped=lambda: list(self.tracker.skipped_recent),
             transactions=self.backend.transactions,
-            explain=lambda st, svc, port: explain(st, svc, port, self._walk(st)),
-            explain_data=lambda st, svc, port: explain_data(st, svc, port, self._walk(st)),
+            explain=lambda st, svc, port: explain(*self._walk(st, svc, port)),
+            explain_data=lambda st, svc, port: explain_data(*self._walk(st, svc, port)),
             traffic=self.backend.service_traffic,
         )
 
-    def _walk(self, state: ProxyState) -> Walk:
-        """/debug/explain's walk: this mode's trace over the state and this node's addresses."""
-        return walk_of(self.cfg, self.backend, with_local_addresses(state))
+    def _walk(
+        self, state: ProxyState, svc: NamespacedName, port: str | None
+    ) -> tuple[ProxyState, NamespacedName, str | None, Walk]:
+        """/debug/explain's arguments: the state with this node's addresses (for NodePorts and
+        the rules' local-address tests) and the walk (this mode's trace)."""
+        state = with_local_addresses(state)
+        return state, svc, port, walk_of(self.cfg, self.backend, state)
 
     def status(self) -> dict[str, Any]:
         """Mode, the last sync and what waits for the next, for /debug/state."""

@@ -101,9 +101,19 @@ def _paths(sp: ServicePort, state: ProxyState, walk: Walk) -> list[dict[str, Any
                 "to": f"{what} {_hostport(ip, port)}", "from": f"{who} ({src})",
                 "endpoints": t.endpoints, "verdicts": sorted(t.verdicts),
                 "masquerade": any(o.masquerade for o in forwarded) if forwarded else None,
-                "objects": objects(s for o in t.outcomes for s in o.steps),
+                "objects": _merged([objects(o.steps) for o in t.outcomes]),
             })  # fmt: skip
     return out
+
+
+def _merged(paths: list[list[str]]) -> list[str]:
+    """The objects of every branch, each once, by the earliest place a branch meets it (so
+    the endpoint chains come together, before what follows them)."""
+    first: dict[str, tuple[int, int]] = {}
+    for b, path in enumerate(paths):
+        for i, obj in enumerate(path):
+            first[obj] = min(first.get(obj, (i, b)), (i, b))
+    return sorted(first, key=first.__getitem__)
 
 
 def _hostport(ip: IPAddress, port: int) -> str:

@@ -13,7 +13,15 @@ import pytest
 
 from tests.netns.scrape import get
 from tests.netns.services import HTTP, HTTP_EP, pods, reachable, svc
-from tests.netns.world import PYPROXY, Pyproxy, World, manifest_objects, wait_for
+from tests.netns.world import (
+    CLUSTER_CIDR,
+    CLUSTER_CIDR6,
+    PYPROXY,
+    Pyproxy,
+    World,
+    manifest_objects,
+    wait_for,
+)
 
 pytestmark = pytest.mark.netns
 PYPROXY_MODES = ("iptables", "nftables", "userspace")
@@ -34,8 +42,9 @@ def mentions(text: str, ip: str) -> bool:
 
 
 def test_state_rules_and_explain_show_the_service(world: World, proxy: Pyproxy) -> None:
-    proxy.write("dbg", *manifest_objects(world, svc("dbg", IP, [HTTP]), pods(world, 1, 2),
-                                         HTTP_EP))  # fmt: skip
+    proxy.write("dbg", *manifest_objects(world, svc("dbg", IP, [{**HTTP, "nodePort": 30243}],
+                                                    type="NodePort"),
+                                         pods(world, 1, 2), HTTP_EP))  # fmt: skip
     reachable(world, IP)
     state = wait_for(lambda: (d := debug(world, "/debug/state"))["services"].get("t/dbg") and d,
                      what="the service in /debug/state")  # fmt: skip
@@ -63,6 +72,14 @@ def test_state_rules_and_explain_show_the_service(world: World, proxy: Pyproxy) 
                                    BASE, "-o", "json").stdout)  # fmt: skip
     assert {e["endpoint"]: e["reason"] for e in doc["endpoints"]} == {
         f"{world.pods[0].ip}:8080": "used", f"{world.pods[1].ip}:8080": "used"}  # fmt: skip
+    # The daemon's paths are the offline explain's, NodePort included (the daemon adds this
+    # node's addresses to its state as the CLI does).
+    offline = json.loads(world.exec(
+        world.node, PYPROXY, "explain", "t/dbg", "--mode", proxy.mode, "--manifests",
+        str(proxy.manifests), "--hostname-override", "node-a", "--cluster-cidr",
+        f"{CLUSTER_CIDR},{CLUSTER_CIDR6}", "-o", "json").stdout)  # fmt: skip
+    assert [p["to"].split()[0] for p in doc["paths"]] == ["cluster", "cluster", "NodePort"]
+    assert offline == [doc]
 
     # pyproxy status in every mode: the daemon's own view, then counters where the mode has them.
     lines = world.exec(world.node, PYPROXY, "status", "--from-daemon", BASE).stdout.splitlines()
