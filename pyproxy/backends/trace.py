@@ -99,7 +99,11 @@ class Trace:
         return {o.verdict for o in self.outcomes if o.probability > 0}
 
 
-def outcome(flow: Flow, endpoint: str = "") -> Outcome:
+def outcome(flow: Flow) -> Outcome:
+    """Where ``flow`` ended: its endpoint is where DNAT sent it (host:port), or what REDIRECT
+    named."""
+    host = f"[{flow.dst}]" if flow.dst.version == 6 else str(flow.dst)
+    endpoint = flow.redirect or (f"{host}:{flow.port}" if flow.dnat else "")
     return Outcome(flow.verdict or ACCEPT, flow.probability, endpoint, flow.masquerade,
                    tuple(flow.steps), tuple(dict.fromkeys(flow.notes)))  # fmt: skip
 

@@ -120,6 +120,12 @@ RULE_OPTIONS: tuple[Decorator, ...] = (
 )
 
 
+def _api_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Where the objects come from when not --manifests: a kubeconfig or --master."""
+    f = _opt("master", help="API server address (overrides the kubeconfig).")(f)
+    return _opt("kubeconfig", help="Path to a kubeconfig file.")(f)
+
+
 def _rule_options(f: Callable[..., Any]) -> Callable[..., Any]:
     for opt in reversed(RULE_OPTIONS):
         f = opt(f)
@@ -149,8 +155,7 @@ def load_manifest_state(directory: Path, node: str) -> ProxyState:
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @_mode_option
 @_rule_options
-@_opt("kubeconfig", help="Path to a kubeconfig file.")
-@_opt("master", help="API server address (overrides the kubeconfig).")
+@_api_options
 @_opt("min_sync_period", "--iptables-min-sync-period", help="Minimum interval between syncs.")
 @_opt("sync_period", "--iptables-sync-period", help="Maximum interval between syncs.")
 @_opt("ipvs_scheduler", help="IPVS scheduler.")
@@ -203,8 +208,7 @@ def render(ctx: click.Context, /, **params: Any) -> None:
 @cli.command()
 @_mode_option
 @_rule_options
-@_opt("kubeconfig", help="Path to a kubeconfig file.")
-@_opt("master", help="API server address (overrides the kubeconfig).")
+@_api_options
 @OUTPUT_OPTION
 @click.pass_context
 def diff(ctx: click.Context, /, output: str, **params: Any) -> None:
@@ -224,8 +228,7 @@ def diff(ctx: click.Context, /, output: str, **params: Any) -> None:
 @cli.command("trace")
 @_mode_option
 @_rule_options
-@_opt("kubeconfig", help="Path to a kubeconfig file.")
-@_opt("master", help="API server address (overrides the kubeconfig).")
+@_api_options
 @click.option("--from", "src", required=True, metavar="IP", help="The client's address.")
 @click.option(
     "--to",
@@ -306,8 +309,7 @@ def cleanup(mode: str, iptables_backend: str) -> None:
 @click.argument("service")
 @_mode_option
 @_rule_options
-@_opt("kubeconfig", help="Path to a kubeconfig file.")
-@_opt("master", help="API server address (overrides the kubeconfig).")
+@_api_options
 @_from_daemon_option("Ask a running pyproxy (its metrics address, e.g. http://127.0.0.1:10249).")
 @OUTPUT_OPTION
 @click.pass_context

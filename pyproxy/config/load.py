@@ -114,25 +114,24 @@ def boolean(value: Any) -> bool:
     raise ValueError(f"{value!r} is not true or false")
 
 
-def masquerade_bit(value: Any) -> int:
+def _integer(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise ValueError(f"{value!r} is not an integer")
     try:
-        bit = int(value)
+        return int(value)
     except ValueError:
         raise ValueError(f"{value!r} is not an integer") from None
+
+
+def masquerade_bit(value: Any) -> int:
+    bit = _integer(value)
     if not 0 <= bit <= 31:
         raise ValueError("must be within 0-31")
     return bit
 
 
 def series_cap(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(f"{value!r} is not an integer")
-    try:
-        cap = int(value)
-    except ValueError:
-        raise ValueError(f"{value!r} is not an integer") from None
+    cap = _integer(value)
     if cap < 1:
         raise ValueError("must be at least 1")
     return cap

@@ -313,7 +313,7 @@ class Walker:
                 routed += self.hook("input" if self.is_local(f.dst) else "forward", packet, [f])
             flows = routed
         flows = self.hook("postrouting", packet, flows)
-        return [outcome(f, _hostport(f) if f.dnat else "") for f in flows]
+        return [outcome(f) for f in flows]
 
 
 def _matched(f: Flow, original: Flow, rule: str) -> Flow:
@@ -330,7 +330,3 @@ def _elem_match(element: str, value: str) -> bool:
         except ValueError:
             return False
     return element == value
-
-
-def _hostport(f: Flow) -> str:
-    return f"[{f.dst}]:{f.port}" if f.dst.version == 6 else f"{f.dst}:{f.port}"

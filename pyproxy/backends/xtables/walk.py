@@ -280,8 +280,4 @@ class Walker:
             routed = [g for f in routed
                       for g in ([f] if f.verdict in stopped else local_in(packet, f))]  # fmt: skip
         flows = self.hook("nat", "POSTROUTING", packet, routed)
-        return [outcome(f, f.redirect or (_hostport(f) if f.dnat else "")) for f in flows]
-
-
-def _hostport(f: Flow) -> str:
-    return f"[{f.dst}]:{f.port}" if f.dst.version == 6 else f"{f.dst}:{f.port}"
+        return [outcome(f) for f in flows]
