@@ -236,6 +236,10 @@ class Backend(abc.ABC):
             hit = cache[family] = (state, make())
         return cast(W, hit[1])
 
+    def forget_walks(self) -> None:
+        """Drop the kept walk (a render of every service: tens of MB at 10,000 services)."""
+        self.__dict__.pop("_walkers", None)
+
     def trace(self, state: ProxyState, packet: Packet) -> Trace:
         """Follow ``packet`` through the objects this mode renders for ``state`` (whose node
         carries this host's local addresses). Pure: reads the render, never the kernel."""

@@ -15,7 +15,7 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
@@ -43,6 +43,7 @@ from pyproxy.sync.syncer import Syncer, SyncRecord
 from pyproxy.sync.tracker import ChangeTracker
 from pyproxy.tools.explain import Walk, explain, explain_data
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 FAILURES_BEFORE_EVENT = 3
@@ -83,18 +84,20 @@ class Daemon:
             status=self.status,
             skipped=lambda: list(self.tracker.skipped_recent),
             transactions=self.backend.transactions,
-            explain=lambda st, svc, port: explain(*self._walk(st, svc, port)),
-            explain_data=lambda st, svc, port: explain_data(*self._walk(st, svc, port)),
+            explain=lambda st, svc, port: self._explain(explain, st, svc, port),
+            explain_data=lambda st, svc, port: self._explain(explain_data, st, svc, port),
             traffic=self.backend.service_traffic,
         )
 
-    def _walk(
-        self, state: ProxyState, svc: NamespacedName, port: str | None
-    ) -> tuple[ProxyState, NamespacedName, str | None, Walk]:
-        """/debug/explain's arguments: the state with this node's addresses (for NodePorts and
-        the rules' local-address tests) and the walk (this mode's trace)."""
+    def _explain(self, tool: Callable[[ProxyState, NamespacedName, str | None, Walk], T],
+                 state: ProxyState, svc: NamespacedName, port: str | None) -> T:  # fmt: skip
+        """/debug/explain: over the state with this node's addresses (for NodePorts and the
+        rules' local-address tests), with this mode's walk, which is not kept afterwards."""
         state = with_local_addresses(state)
-        return state, svc, port, walk_of(self.cfg, self.backend, state)
+        try:
+            return tool(state, svc, port, walk_of(self.cfg, self.backend, state))
+        finally:
+            self.backend.forget_walks()
 
     def status(self) -> dict[str, Any]:
         """Mode, the last sync and what waits for the next, for /debug/state."""

@@ -370,3 +370,13 @@ def delete_link(ifname: str) -> bool:
             return False
         ipr.link("del", index=idx[0])
         return True
+
+
+def statistics() -> dict[VSKey, tuple[Stats, dict[DestKey, Stats]]]:
+    """Every virtual server's counters with its real servers', on a socket of its own (the
+    readers, status and metrics, run beside the sync's)."""
+    sock = Ipvs()
+    try:
+        return sock.statistics()
+    finally:
+        sock.close()

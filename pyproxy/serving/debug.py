@@ -126,6 +126,8 @@ class DebugView:
                     doc = {k: dataclasses.asdict(v) for k, v in sorted(self.traffic().items())}
                 except BackendError as err:  # a mode (or setting) without such counters
                     return 503, "text/plain; charset=utf-8", f"{err}\n".encode()
+                except RuntimeError as err:  # a sync changed what was being read: try again
+                    return 503, "text/plain; charset=utf-8", f"busy, try again: {err}\n".encode()
                 return 200, JSON, json.dumps(doc, indent=1).encode()
             if path == "/debug/explain":
                 code, text = self.explain_text(query)

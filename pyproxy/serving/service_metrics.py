@@ -55,8 +55,8 @@ class ServiceTrafficCollector(Collector):
         )
         try:
             seen = self.read()
-        except BackendError as err:
-            log.warning("per-service metrics: %s", err)
+        except (BackendError, RuntimeError) as err:  # RuntimeError: a sync changed the table
+            log.warning("per-service metrics not read this time: %s", err)
             seen = {}
         names = sorted(seen)
         for name in names[: self.cap]:

@@ -17,7 +17,7 @@ from pyproxy.backends.nftables.names import counted_port, is_service_counter
 from pyproxy.backends.nftables.render import TABLE
 from pyproxy.backends.xtables.counters import ServiceCounters, parse
 from pyproxy.kernel.iptables import Iptables, IptablesError, detect_backend
-from pyproxy.kernel.ipvs import Ipvs, IpvsError, Stats
+from pyproxy.kernel.ipvs import IpvsError, Stats, statistics
 from pyproxy.kernel.nft import Nft, NftError
 
 
@@ -145,11 +145,7 @@ def ipvs_report(stats: Mapping[tuple[int, str, int], tuple[Stats, Mapping[tuple[
 def read_ipvs() -> dict[tuple[int, str, int], tuple[Stats, dict[tuple[str, int], Stats]]]:
     """Every virtual server's counters with its real servers'."""
     try:
-        sock = Ipvs()
-        try:
-            return sock.statistics()
-        finally:
-            sock.close()
+        return statistics()
     except IpvsError as err:
         raise StatusError(str(err)) from None
 

@@ -166,16 +166,15 @@ class IpvsBackend(Backend):
         addresses (cluster IP, NodePorts, external and load-balancer IPs): connections, and
         packets and bytes in both directions."""
         try:
-            sock = kipvs.Ipvs()
-            try:
-                stats = sock.statistics()
-            finally:
-                sock.close()
+            stats = kipvs.statistics()
         except kipvs.IpvsError as err:
             raise BackendError(str(err)) from None
         tables = self._tables or {}
-        owned = ((tables[f].virtual_server(key) if f in tables else None, vs)
-                 for key, (vs, _) in stats.items() for f in (_family_of(key),))  # fmt: skip
+        try:
+            owned = [(tables[f].virtual_server(key) if f in tables else None, vs)
+                     for key, (vs, _) in stats.items() for f in (_family_of(key),)]  # fmt: skip
+        except (KeyError, RuntimeError):  # a sync changed the tables meanwhile
+            raise BackendError("the IPVS tables changed while read; try again") from None
         return by_service_port(
             (desired.comment.split(" ", 1)[0],  # the comment starts with the service port
              ServiceTraffic(vs.connections, vs.packets_in + vs.packets_out,

@@ -115,7 +115,8 @@ class Rendered:
 
     def service_counters(self) -> dict[str, str]:
         """Named counter -> the service port it counts (--service-metrics)."""
-        return {c: p for e in self.entries.values() for c, p in e.objects.counters.items()}
+        entries = list(self.entries.values())  # one step: a sync may change them meanwhile
+        return {c: p for e in entries for c, p in e.objects.counters.items()}
 
     def rule_count(self) -> int:
         return sum(len(r) for r in self.static.rules.values()) + sum(
