@@ -10,7 +10,7 @@ from pyproxy.backends.trace import DNAT, DROP, REJECT, RELAY, Outcome, Trace
 _WHAT = {
     DNAT: "DNAT to {ep}",
     RELAY: "relayed to {ep}",
-    REJECT: "REJECTED (no usable endpoint: the client gets a refusal)",
+    REJECT: "REJECTED (the client is refused)",
     DROP: "DROPPED (silently)",
 }
 

@@ -18,8 +18,10 @@ from tests.netns.trace_cases import check_predictions
 from tests.netns.world import (
     CLUSTER_CIDR,
     CLUSTER_CIDR6,
+    HERE,
     NODE_CLIENT_IP,
     PYPROXY,
+    PYTHON,
     Held,
     Pyproxy,
     World,
@@ -314,6 +316,30 @@ def test_trace_predicts_real_connections(world: World, proxy: Pyproxy) -> None:
     """tests/netns/test_trace.py's cases on real IPVS: what trace says each client reaches (or
     that it is dropped or refused) is what its connections do."""
     check_predictions(world, proxy, trace_cases.IPVS)
+
+
+def test_service_addresses_do_not_reach_host_services(world: World, proxy: Pyproxy) -> None:
+    """Every service address is on kube-ipvs0, so without upstream's last KUBE-IPVS-FILTER
+    rule (kubernetes#72236) it would reach the node's own services: a client is refused on
+    any port of a service address that is not a service port, and trace says so."""
+    proxy.write("vip", *manifest_objects(world, svc("vip", "10.96.7.31", [HTTP]),
+                                         pods(world, 1), HTTP_EP))  # fmt: skip
+    reachable(world, "10.96.7.31")
+    host = world.spawn(world.node, PYTHON, str(HERE / "echo.py"), "--name", "host", "--tcp",
+                       "9999", "--udp", "9998")  # fmt: skip
+    try:
+        assert host.stdout is not None and host.stdout.readline().strip() == "ready"
+        assert world.probe("tcp", NODE_CLIENT_IP, 9999)["replies"] == {"host": 1}
+        r = world.probe("tcp", "10.96.7.31", 9999, count=3, timeout=1.0)
+        assert r["errors"] == {"refused": 3} and not r["replies"], r
+        doc = trace_cases.trace(world, proxy, world.client_ip(0), "10.96.7.31:9999")
+        assert [o["verdict"] for o in doc["outcomes"]] == ["reject"], doc
+        assert doc["outcomes"][0]["steps"][-1] == (
+            "-t filter -A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set "
+            "KUBE-IPVS-IPS dst -j REJECT")  # fmt: skip
+    finally:
+        world.stop(host)
+    proxy.remove("vip")
 
 
 def test_unknown_scheduler_is_a_clear_error(world: World) -> None:

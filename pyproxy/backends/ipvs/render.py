@@ -64,6 +64,7 @@ SETS: dict[str, str] = {
     "KUBE-NODE-PORT-SCTP-HASH": "hash:ip,port",
     "KUBE-NODE-PORT-LOCAL-SCTP-HASH": "hash:ip,port",
     "KUBE-HEALTH-CHECK-NODE-PORT": "bitmap:port",
+    "KUBE-IPVS-IPS": "hash:ip",
 }
 
 NAT_CHAINS = (
@@ -233,7 +234,9 @@ def _render_port(
         vs(eip, svc.port, external, "external IP")
     for lb in map(str, svc.load_balancer_ips):
         vs(lb, svc.port, external, "loadbalancer IP")
-    d.addresses |= {cip, *map(str, svc.external_ips), *map(str, svc.load_balancer_ips)}
+    bound = {cip, *map(str, svc.external_ips), *map(str, svc.load_balancer_ips)}
+    d.addresses |= bound
+    d.ipsets["KUBE-IPVS-IPS"] |= {(addr,) for addr in bound}
     if svc.node_port:
         for ip in node_ips:
             vs(str(ip), svc.node_port, external, "node port")
@@ -341,4 +344,8 @@ def _filter(cfg: IpvsConfig) -> list[str]:
         "-A KUBE-IPVS-FILTER -m set --match-set KUBE-EXTERNAL-IP dst,dst -j RETURN",
         "-A KUBE-IPVS-FILTER -m set --match-set KUBE-EXTERNAL-IP-LOCAL dst,dst -j RETURN",
         "-A KUBE-IPVS-FILTER -m set --match-set KUBE-HEALTH-CHECK-NODE-PORT dst -j RETURN",
+        # Nothing else on a service address: not the host's own services through it
+        # (upstream's rule for kubernetes#72236).
+        "-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst "
+        "-j REJECT",
     ]

@@ -31,6 +31,8 @@ class IpvsWalk:
         proto = packet.protocol.value.lower()
         if self.types.get(name, "").startswith("bitmap:port"):
             return (flow.port,) in members
+        if flags == "dst":  # hash:ip
+            return (str(flow.dst),) in members
         port = f"{proto}:{flow.port}"
         if flags == "dst,dst":
             return (str(flow.dst), port) in members
