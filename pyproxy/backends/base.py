@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import functools
 import threading
 import time
@@ -145,6 +146,11 @@ class Difference:
     """The object, in the mode's terms: "nat chain KUBE-SVC-...", "ip map service-ips"."""
     missing: tuple[str, ...] = ()
     unexpected: tuple[str, ...] = ()
+
+
+def differences_doc(diffs: Sequence[Difference]) -> dict[str, Any]:
+    """``pyproxy diff -o json`` and /debug/diff: whether they agree, and each difference."""
+    return {"equal": not diffs, "differences": [dataclasses.asdict(d) for d in diffs]}
 
 
 def ordered_changes(

@@ -209,15 +209,25 @@ def render(ctx: click.Context, /, **params: Any) -> None:
 @_mode_option
 @_rule_options
 @_api_options
+@_from_daemon_option("Ask a running pyproxy: its kernel against its own state and flags.")
 @OUTPUT_OPTION
 @click.pass_context
-def diff(ctx: click.Context, /, output: str, **params: Any) -> None:
+def diff(ctx: click.Context, /, output: str, daemon_url: str | None, **params: Any) -> None:
     """Compare pyproxy's objects in this network namespace's kernel with what it would program
-    now (for --manifests DIR, or the API server's current objects). Status 0 when they agree,
-    1 when they differ, 2 on a usage error."""
+    now (for --manifests DIR, the API server's current objects, or a running daemon's state).
+    Status 0 when they agree, 1 when they differ, 2 on a usage error."""
+    import json
+
+    from pyproxy.backends.base import Difference
     from pyproxy.tools.diff import report
 
     setup_logging("warning", "text", None)
+    if daemon_url is not None:
+        doc = json.loads(from_daemon(daemon_url, "/debug/diff"))
+        diffs = [Difference(d["service"], d["obj"], tuple(d["missing"]), tuple(d["unexpected"]))
+                 for d in doc["differences"]]  # fmt: skip
+        click.echo(report(diffs, output), nl=False)
+        ctx.exit(1 if diffs else 0)
     cfg = _config(ctx, params)
     backend = registry.create(cfg)
     diffs = backend.compare(_load_state(cfg))
@@ -385,7 +395,7 @@ def status(iptables_backend: str, daemon_url: str | None, output: str, mode: str
         try:
             doc["traffic"] = json.loads(from_daemon(daemon_url or "", "/debug/traffic"))
             text += st.traffic_report(doc["traffic"])
-        except ConfigError as err:  # the daemon's mode counts nothing per service
+        except (ConfigError, BackendError) as err:  # its mode counts nothing per service
             doc["traffic"], text = None, text + f"per service port: {err}\n"
     try:
         if mode == "ipvs":
@@ -418,7 +428,10 @@ def from_daemon(url: str, path: str) -> str:
         with urllib.request.urlopen(url.rstrip("/") + path, timeout=30) as r:
             return str(r.read().decode())
     except urllib.error.HTTPError as err:
-        raise ConfigError(f"--from-daemon: {err.code} {err.read().decode().strip()}") from None
+        why = f"--from-daemon: {err.code} {err.read().decode().strip()}"
+        if err.code >= 500:  # the daemon could not answer (a mode without it, no privilege)
+            raise BackendUnavailable(why) from None
+        raise ConfigError(why) from None
     except OSError as err:
         raise BackendUnavailable(f"--from-daemon: cannot reach {url}: {err}") from None
 

@@ -87,6 +87,7 @@ class Daemon:
             explain=lambda st, svc, port: self._explain(explain, st, svc, port),
             explain_data=lambda st, svc, port: self._explain(explain_data, st, svc, port),
             traffic=self.backend.service_traffic,
+            diff=lambda: self.backend.compare(self.tracker.current_state()),
         )
 
     def _explain(self, tool: Callable[[ProxyState, NamespacedName, str | None, Walk], T],

@@ -2,8 +2,9 @@
 never the public health port): ``/debug/state`` (the model pyproxy would program now, the last
 sync, pending changes and the latest skipped objects with their reasons), ``/debug/rules``
 (the last transaction applied and the last that failed, with its error) and
-``/debug/explain?service=NS/NAME[:PORT]`` and ``/debug/traffic`` (per service port, what the
-mode counted: the numbers behind ``--service-metrics``, also without it). SIGUSR1 writes the
+``/debug/explain?service=NS/NAME[:PORT]``, ``/debug/traffic`` (per service port, what the
+mode counted: the numbers behind ``--service-metrics``, also without it) and ``/debug/diff``
+(the kernel against the daemon's own state, as ``pyproxy diff``). SIGUSR1 writes the
 same state and rules to the log, for support ("incredibly useful", kubernetes/kubernetes#129061).
 """
 
@@ -13,11 +14,18 @@ import dataclasses
 import enum
 import ipaddress
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyproxy.backends.base import BackendError, ServiceTraffic, Transaction, TransactionLog
+from pyproxy.backends.base import (
+    BackendError,
+    Difference,
+    ServiceTraffic,
+    Transaction,
+    TransactionLog,
+    differences_doc,
+)
 from pyproxy.model.types import NamespacedName, ProxyState, ServicePort
 from pyproxy.serving.health import Route
 
@@ -97,6 +105,7 @@ class DebugView:
     explain: Callable[[ProxyState, NamespacedName, str | None], str]
     explain_data: Callable[[ProxyState, NamespacedName, str | None], list[dict[str, Any]]]
     traffic: Callable[[], Mapping[str, ServiceTraffic]]
+    diff: Callable[[], Sequence[Difference]]
 
     def state_doc(self) -> dict[str, Any]:
         return state_doc(self.state(), self.status(), self.skipped())
@@ -121,6 +130,12 @@ class DebugView:
                 return 200, JSON, json.dumps(self.state_doc(), indent=1).encode()
             if path == "/debug/rules":
                 return 200, JSON, json.dumps(self.rules_doc(), indent=1).encode()
+            if path == "/debug/diff":
+                try:
+                    diffs = self.diff()
+                except BackendError as err:  # e.g. no privilege for the scratch namespace
+                    return 503, "text/plain; charset=utf-8", f"{err}\n".encode()
+                return 200, JSON, json.dumps(differences_doc(diffs), indent=1).encode()
             if path == "/debug/traffic":
                 try:
                     doc = {k: dataclasses.asdict(v) for k, v in sorted(self.traffic().items())}

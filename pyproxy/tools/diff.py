@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict
 
-from pyproxy.backends.base import Difference
+from pyproxy.backends.base import Difference, differences_doc
 
 
 def report(diffs: Sequence[Difference], output: str = "text") -> str:
     if output == "json":
-        return json.dumps({"equal": not diffs, "differences": [asdict(d) for d in diffs]},
-                          indent=1) + "\n"  # fmt: skip
+        return json.dumps(differences_doc(diffs), indent=1) + "\n"
     if not diffs:
         return "no differences: the kernel holds what pyproxy would program\n"
     out: list[str] = []

@@ -22,7 +22,8 @@ from tests.netns.world import (
 pytestmark = pytest.mark.netns
 PYPROXY_MODES = ("iptables", "nftables", "userspace")
 # No drift check (it runs every sync period) may put the deleted object back before diff looks.
-PYPROXY_FLAGS = ("--sync-period", "1h")
+PYPROXY_FLAGS = ("--sync-period", "1h", "--metrics-bind-address", "127.0.0.1:10249")
+DAEMON = "http://127.0.0.1:10249"
 IP = "10.96.44.1"
 
 
@@ -32,6 +33,13 @@ def diff(world: World, proxy: Pyproxy, *extra: str) -> tuple[int, str]:
         "--hostname-override", "node-a", "--cluster-cidr", f"{CLUSTER_CIDR},{CLUSTER_CIDR6}",
         *extra, check=False,
     )  # fmt: skip
+    assert res.returncode in (0, 1), res.stderr
+    return res.returncode, res.stdout
+
+
+def from_daemon(world: World) -> tuple[int, str]:
+    """``pyproxy diff --from-daemon``: the daemon compares the kernel with its own state."""
+    res = world.exec(world.node, PYPROXY, "diff", "--from-daemon", DAEMON, check=False)
     assert res.returncode in (0, 1), res.stderr
     return res.returncode, res.stdout
 
@@ -69,6 +77,7 @@ def test_diff_is_clean_after_a_sync_and_names_a_deleted_object(
     reachable(world, IP)
     code, out = diff(world, proxy)
     assert (code, out) == (0, "no differences: the kernel holds what pyproxy would program\n")
+    assert from_daemon(world) == (code, out)  # the daemon's own state and flags: the same
 
     heading, gone = delete_one(world, proxy)
     code, out = diff(world, proxy)
@@ -79,6 +88,7 @@ def test_diff_is_clean_after_a_sync_and_names_a_deleted_object(
     missing = [ln[6:] for ln in block if ln.startswith("    - ")]
     assert any(m == gone or (gone.endswith(" ") and m.startswith(gone)) for m in missing), out
 
+    assert from_daemon(world) == (code, out)
     code, text = diff(world, proxy, "--output", "json")
     doc = json.loads(text)
     assert code == 1 and doc["equal"] is False
