@@ -79,6 +79,11 @@ def _in(addr: IPAddress, value: str) -> bool:
     return addr in ipaddress.ip_network(value.rstrip(","), strict=False)
 
 
+NO_MATCH = -1
+"""``Walker._condition``: the packet fails the condition, so the rule does not match."""
+PROTOCOLS = ("tcp", "udp", "sctp")
+
+
 class Walker:
     def __init__(self, text: str, local: Iterable[IPAddress]) -> None:
         self.table = parse(text)
@@ -113,124 +118,115 @@ class Walker:
              flow: Flow) -> list[tuple[Flow, str]]:  # fmt: skip
         """Run one rule: the branches, each with the verdict it reached ("" to go on to the
         next rule, "jump X"/"goto X", "return", or a terminal: accept, drop, reject, dnat,
-        masquerade)."""
+        masquerade). Conditions are read left to right until one fails; then statements."""
         words = shlex.split(rule)
         rule = f"chain {chain}: {rule}"
         i = 0
-        flows: list[tuple[Flow, str]] = []
-        f = flow
         while i < len(words):
-            w = words[i]
-            rest = words[i:]
-            if w == "comment":
-                i += 2
-                continue
-            if w == "counter":
-                i += 3 if len(words) > i + 1 and words[i + 1] == "name" else 1
-                continue
-            if rest[:3] == ["ct", "state", "new"]:
-                i += 3
-                continue
-            if rest[:3] == ["ct", "status", "dnat"]:
-                if not f.dnat:
-                    return [(flow, "")]
-                i += 3
-                continue
-            if rest[:2] == ["fib", "daddr"] or rest[:2] == ["fib", "saddr"]:
-                addr = f.dst if words[i + 1] == "daddr" else packet.src
-                if rest[2:4] != ["type", "local"]:
-                    raise TraceError(f"trace cannot follow {' '.join(rest[:4])} in: {rule}")
-                if not self.is_local(addr):
-                    return [(flow, "")]
-                i += 4
-                continue
-            if w in ("ip", "ip6", "meta", "th") and i + 1 < len(words):
-                # A key, maybe concatenated (a . b . c), then a comparison or lookup.
-                parts = [f"{w} {words[i + 1]}"]
-                j = i + 2
-                if parts[0] == "meta l4proto" and j < len(words) and words[j] in (
-                    "tcp", "udp", "sctp"
-                ):  # fmt: skip
-                    if words[j] != packet.protocol.value.lower():
-                        return [(flow, "")]
-                    i = j + 1
-                    continue
-                while j + 2 < len(words) and words[j] == ".":
-                    parts.append(f"{words[j + 1]} {words[j + 2]}")
-                    j += 3
-                key = tuple(self._key(p, packet, f) for p in parts)
-                op = words[j]
-                if op == "vmap":
-                    verdict = self._lookup(words[j + 1].lstrip("@"), key)
-                    if verdict is None:
-                        return [(flow, "")]
-                    f.steps.append(f"{rule}  [element {' . '.join(key)} : {verdict}]")
-                    return [(f, verdict)]
-                negated = op == "!="
-                if negated:
-                    j += 1
-                value = words[j]
-                if value.startswith("@"):
-                    if value.startswith("@affinity-"):
-                        flow.notes.append(AFFINITY_NOTE)
-                    found = self._lookup(value[1:], key) is not None
-                    j += 1
-                elif value == "{":
-                    end = words.index("}", j)
-                    found = any(_in(ipaddress.ip_address(key[0]), v)
-                                for v in words[j + 1 : end] if v != ",")  # fmt: skip
-                    j = end + 1
-                else:
-                    found = _in(ipaddress.ip_address(key[0]), value)
-                    j += 1
-                if found == negated:
-                    return [(flow, "")]
-                i = j
-                continue
-            if rest[:2] == ["mark", "and"]:
-                mask, cmp, val = int(words[i + 2], 0), words[i + 3], int(words[i + 4], 0)
-                if (f.mark & mask != val) != (cmp == "!="):
-                    return [(flow, "")]
-                i += 5
-                continue
-            if rest[:4] == ["mark", "set", "mark", "or"]:
-                f = _matched(f, flow, rule)
-                f.mark |= int(words[i + 4], 0)
-                i += 5
-                continue
-            if rest[:4] == ["mark", "set", "mark", "xor"]:
-                f = _matched(f, flow, rule)
-                f.mark ^= int(words[i + 4], 0)
-                i += 5
-                continue
-            if w == "update":
-                i = words.index("}", i) + 1
-                continue
-            if w in ("jump", "goto"):
-                return [(_matched(f, flow, rule), f"{w} {words[i + 1]}")]
-            if w in ("accept", "drop", "reject", "return"):
-                return [(_matched(f, flow, rule), w)]
-            if w == "masquerade":
-                f = _matched(f, flow, rule)
-                f.masquerade = True
-                return [(f, "masquerade")]
-            if w == "numgen":
-                n = int(words[i + 3])
-                end = words.index("}", i)
-                pairs = " ".join(words[i + 6 : end]).split(" , ")
-                for pair in pairs:
-                    _, _, target = pair.partition(" : ")
-                    g = _matched(f, flow, rule).fork(f.probability / n)
-                    if words[i + 4] == "vmap":
-                        g.steps[-1] += f"  [{pair}]"
-                        flows.append((g, target))
-                    else:
-                        raise TraceError(f"trace cannot follow numgen {words[i + 4]} in: {rule}")
-                return flows
-            if w == "dnat":
-                return self._dnat(words[i:], rule, _matched(f, flow, rule))
-            raise TraceError(f"trace cannot follow {w!r} in: {rule}")
-        return [(f, "")]
+            nxt = self._condition(words, i, rule, packet, flow)
+            if nxt == NO_MATCH:
+                return [(flow, "")]
+            if nxt is None:
+                ended, nxt = self._statement(words, i, rule, packet, flow)
+                if ended is not None:
+                    return ended
+            i = nxt
+        return [(flow, "")]
+
+    def _key_at(self, words: list[str], i: int, packet: Packet,
+                f: Flow) -> tuple[tuple[str, ...], int]:  # fmt: skip
+        """The packet's value of the key at ``words[i]``, maybe concatenated (a . b . c), and
+        the index after it."""
+        parts = [f"{words[i]} {words[i + 1]}"]
+        j = i + 2
+        while j + 2 < len(words) and words[j] == ".":
+            parts.append(f"{words[j + 1]} {words[j + 2]}")
+            j += 3
+        return tuple(self._key(p, packet, f) for p in parts), j
+
+    def _condition(self, words: list[str], i: int, rule: str, packet: Packet,
+                   f: Flow) -> int | None:  # fmt: skip
+        """A condition (or a no-op) at ``words[i]``: the index after it, NO_MATCH when the
+        packet fails it, None when ``words[i]`` starts a statement."""
+        w, rest = words[i], words[i:]
+        if w == "comment":
+            return i + 2
+        if w == "counter":
+            return i + (3 if len(words) > i + 1 and words[i + 1] == "name" else 1)
+        if rest[:3] == ["ct", "state", "new"]:
+            return i + 3
+        if rest[:3] == ["ct", "status", "dnat"]:
+            return i + 3 if f.dnat else NO_MATCH
+        if rest[:2] in (["fib", "daddr"], ["fib", "saddr"]):
+            if rest[2:4] != ["type", "local"]:
+                raise TraceError(f"trace cannot follow {' '.join(rest[:4])} in: {rule}")
+            addr = f.dst if words[i + 1] == "daddr" else packet.src
+            return i + 4 if self.is_local(addr) else NO_MATCH
+        if rest[:2] == ["mark", "and"]:
+            mask, cmp, val = int(words[i + 2], 0), words[i + 3], int(words[i + 4], 0)
+            return i + 5 if (f.mark & mask != val) == (cmp == "!=") else NO_MATCH
+        if w not in ("ip", "ip6", "meta", "th") or i + 1 >= len(words):
+            return None
+        if rest[:2] == ["meta", "l4proto"] and len(rest) > 2 and rest[2] in PROTOCOLS:
+            return i + 3 if rest[2] == packet.protocol.value.lower() else NO_MATCH
+        key, j = self._key_at(words, i, packet, f)
+        if words[j] == "vmap":  # a verdict map: a statement
+            return None
+        negated = words[j] == "!="
+        j += negated
+        value = words[j]
+        if value.startswith("@"):
+            if value.startswith("@affinity-"):
+                f.notes.append(AFFINITY_NOTE)
+            found, j = self._lookup(value[1:], key) is not None, j + 1
+        elif value == "{":
+            end = words.index("}", j)
+            found = any(_in(ipaddress.ip_address(key[0]), v)
+                        for v in words[j + 1 : end] if v != ",")  # fmt: skip
+            j = end + 1
+        else:
+            found, j = _in(ipaddress.ip_address(key[0]), value), j + 1
+        return j if found != negated else NO_MATCH
+
+    def _statement(self, words: list[str], i: int, rule: str, packet: Packet,
+                   f: Flow) -> tuple[list[tuple[Flow, str]] | None, int]:  # fmt: skip
+        """The statement at ``words[i]``: (the branches, when it ends the rule, else None;
+        the index after it)."""
+        w, rest = words[i], words[i:]
+        if rest[:4] in (["mark", "set", "mark", "or"], ["mark", "set", "mark", "xor"]):
+            _matched(f, rule)
+            value = int(words[i + 4], 0)
+            f.mark = f.mark | value if rest[3] == "or" else f.mark ^ value
+            return None, i + 5
+        if w == "update":
+            return None, words.index("}", i) + 1
+        if w in ("ip", "ip6", "meta", "th"):  # key vmap @map
+            key, j = self._key_at(words, i, packet, f)
+            verdict = self._lookup(words[j + 1].lstrip("@"), key)
+            if verdict is None:
+                return [(f, "")], j + 2
+            f.steps.append(f"{rule}  [element {' . '.join(key)} : {verdict}]")
+            return [(f, verdict)], j + 2
+        if w in ("jump", "goto"):
+            return [(_matched(f, rule), f"{w} {words[i + 1]}")], i + 2
+        if w in ("accept", "drop", "reject", "return"):
+            return [(_matched(f, rule), w)], i + 1
+        if w == "masquerade":
+            _matched(f, rule).masquerade = True
+            return [(f, "masquerade")], i + 1
+        if w == "numgen":
+            if words[i + 4] != "vmap":
+                raise TraceError(f"trace cannot follow numgen {words[i + 4]} in: {rule}")
+            n, end = int(words[i + 3]), words.index("}", i)
+            branches = []
+            for pair in " ".join(words[i + 6 : end]).split(" , "):
+                g = _matched(f, rule).fork(f.probability / n)
+                g.steps[-1] += f"  [{pair}]"
+                branches.append((g, pair.partition(" : ")[2]))
+            return branches, end + 1
+        if w == "dnat":
+            return self._dnat(words[i:], rule, _matched(f, rule)), len(words)
+        raise TraceError(f"trace cannot follow {w!r} in: {rule}")
 
     def _dnat(self, words: list[str], rule: str, f: Flow) -> list[tuple[Flow, str]]:
         if words[1] == "to":
@@ -316,7 +312,7 @@ class Walker:
         return [outcome(f) for f in flows]
 
 
-def _matched(f: Flow, original: Flow, rule: str) -> Flow:
+def _matched(f: Flow, rule: str) -> Flow:
     """Record ``rule`` as matched, once."""
     if not f.steps or f.steps[-1] != rule:
         f.steps.append(rule)
