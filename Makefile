@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 DEBS   := iptables ipset conntrack nftables iproute2 ipvsadm user-mode-linux procps kmod \
-          buildah debootstrap
+          buildah debootstrap runc containernetworking-plugins openssl
 
-.PHONY: install debs test unit lint e2e bench bench-quick demo cluster cluster-down clean
+.PHONY: install debs test unit lint e2e bench bench-quick demo cluster cluster-down clean \
+        real-build real-cluster real-smoke conformance
 
 install: debs $(BIN)/pyproxy
 
@@ -23,7 +24,7 @@ $(BIN)/pyproxy: pyproject.toml
 	@touch $@
 
 test: $(BIN)/pyproxy
-	$(BIN)/pytest -q -rs -m "not e2e and not image"
+	$(BIN)/pytest -q -rs -m "not e2e and not image and not realcluster"
 
 unit: $(BIN)/pyproxy
 	$(BIN)/pytest -q tests/unit
@@ -64,6 +65,26 @@ cluster: $(BIN)/pyproxy
 
 cluster-down: $(BIN)/pyproxy
 	$(BIN)/python -m tests.cluster.cluster down
+	$(BIN)/python -m tests.cluster.real down
+
+# The real cluster: two nodes (kubelet, containerd, CNI) in network namespaces, the control
+# plane in its own, pyproxy as its DaemonSet. Builds from Go modules on first use (progress).
+real-build: $(BIN)/pyproxy
+	tests/cluster/build.sh node
+	tests/cluster/images.sh
+
+real-cluster: real-build
+	$(BIN)/python -m tests.cluster.real up
+
+real-smoke: real-build
+	$(BIN)/pytest -q -rs -m realcluster tests/realcluster
+
+# Upstream's [sig-network] conformance tests (e2e.test v1.36.3) with upstream kube-proxy, then
+# pyproxy in iptables and nftables mode, on the real cluster (brought up, or reused if up).
+conformance: $(BIN)/pyproxy
+	tests/cluster/build.sh conformance
+	tests/cluster/images.sh conformance
+	$(BIN)/python -m tests.cluster.conformance
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

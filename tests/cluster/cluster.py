@@ -70,7 +70,7 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
-def make_pki(d: Path) -> None:
+def make_pki(d: Path, ips: tuple[str, ...] = ("127.0.0.1", "10.96.0.1")) -> None:
     d.mkdir(parents=True, exist_ok=True)
     _openssl(
         "req",
@@ -89,8 +89,9 @@ def make_pki(d: Path) -> None:
         cwd=d,
     )
     (d / "san.cnf").write_text(
-        "[req]\ndistinguished_name=dn\n[dn]\n[ext]\nsubjectAltName=IP:127.0.0.1,IP:10.96.0.1,"
-        "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default.svc\n"
+        "[req]\ndistinguished_name=dn\n[dn]\n[ext]\nsubjectAltName="
+        + "".join(f"IP:{ip}," for ip in ips)
+        + "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default.svc\n"
         "extendedKeyUsage=serverAuth\n"
     )
     _openssl(

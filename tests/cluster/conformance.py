@@ -1,0 +1,195 @@
+"""Upstream's own [sig-network] conformance tests against the real cluster, once per proxy and
+mode (upstream kube-proxy first, then pyproxy), with e2e.test v1.36.3 built from Go modules.
+
+    python -m tests.cluster.conformance [--runs kube-proxy:iptables,pyproxy:iptables,...]
+                                        [--out DIR] [--procs N] [--focus REGEX]
+
+Brings the real cluster up (or reuses one that is up), deploys CoreDNS, then for each run
+switches the cluster's proxy (tests/cluster/real.py: deploy one DaemonSet, remove the other)
+and runs the selected tests with ginkgo in the lan namespace. Writes, under ``--out``: each
+run's JUnit, ``summary.json`` and ``summary.md`` (test x proxy/mode: passed, failed, skipped
+with the reason), and prints ``conformance <proxy> <mode>: N passed, N failed, N skipped``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from tests.cluster import host, real
+
+# The [sig-network] conformance tests, and the Services granular checks (pod-to-service and
+# node-to-service over TCP and UDP), which are not tagged [Conformance].
+FOCUS = r"\[sig-network\].*\[Conformance\]|\[sig-network\] Networking Granular Checks: Services"
+# Tests that need what this cluster does not have, as Cilium's and kind's jobs skip them:
+# serial and disruptive tests (they restart nodes or components), feature-gated ones, and
+# dual-stack (the cluster is IPv4 only; see README).
+SKIP = (
+    r"\[Serial\]|\[Disruptive\]|\[Feature:|\[FeatureGate:|\[Alpha\]|\[Beta\]|\[Slow\]"
+    r"|IPv6|DualStack"
+)
+RUNS = ("kube-proxy:iptables", "pyproxy:iptables", "pyproxy:nftables")
+DEFAULT_OUT = real.ROOT / "build" / "conformance"
+
+
+def ensure_dns() -> None:
+    manifest = (real.HERE / "manifests" / "coredns.yaml").read_text()
+    real.kubectl("apply", "-f", "-", stdin=manifest)
+    real.kubectl(
+        "rollout",
+        "status",
+        "deployment/coredns",
+        "-n",
+        "kube-system",
+        "--timeout=180s",
+        timeout=200,
+    )
+
+
+def run_e2e(name: str, out: Path, procs: int, focus: str) -> Path:
+    """One ginkgo run of e2e.test in the lan namespace; returns its JUnit file."""
+    d = out / name
+    subprocess.run(["rm", "-rf", str(d)], check=True)
+    d.mkdir(parents=True)
+    argv = [
+        "nsenter",
+        f"--net=/run/netns/{real.LAN}",
+        str(real.NODE_BIN / "ginkgo"),
+        f"--procs={procs}",
+        f"--focus={focus}",
+        f"--skip={SKIP}",
+        "--no-color",
+        "--timeout=2h",
+        str(real.NODE_BIN / "e2e.test"),
+        "--",
+        f"--kubeconfig={real.STATE / 'admin.kubeconfig'}",
+        f"--kubectl-path={real.NODE_BIN / 'kubectl'}",
+        "--provider=local",
+        f"--report-dir={d}",
+        "--disable-log-dump",
+        "--dump-logs-on-failure=false",
+        "--allowed-not-ready-nodes=0",
+        "--minStartupPods=1",
+    ]
+    host.log(f"{name}: e2e.test ({procs} processes); output in {d / 'e2e.log'}")
+    t0 = time.monotonic()
+    with (d / "e2e.log").open("w") as logf:
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert p.stdout is not None
+        for line in p.stdout:  # progress: each finished spec and ginkgo's summary lines
+            logf.write(line)
+            s = line.strip()
+            if (
+                s.startswith(("•", "Ran ", "PASS", "FAIL", "[FAIL]", "S [SKIPPED]"))
+                or "[FAILED]" in s
+            ):
+                print(f"  {name}: {s[:160]}", flush=True)
+        p.wait()
+    host.log(f"{name}: e2e.test ended with {p.returncode} after {time.monotonic() - t0:.0f}s")
+    junit = next(iter(sorted(d.glob("junit*.xml"))), None)
+    if junit is None:
+        raise RuntimeError(f"{name}: no JUnit report in {d} (see {d / 'e2e.log'})")
+    return junit
+
+
+def results(junit: Path, focus: str) -> dict[str, dict[str, str]]:
+    """test name -> {status, reason}, for the tests the focus selects (ginkgo's report also
+    lists every spec the focus left out, as skipped)."""
+    want = re.compile(focus)
+    skip = re.compile(SKIP)
+    out: dict[str, dict[str, str]] = {}
+    for tc in ET.parse(junit).getroot().iter("testcase"):
+        name = re.sub(r"^\[It\] ", "", tc.get("name", ""))
+        if not want.search(name) or skip.search(name):
+            continue
+        failure = tc.find("failure")
+        skipped = tc.find("skipped")
+        if failure is not None:
+            out[name] = {"status": "failed", "reason": (failure.get("message") or "")[:300]}
+        elif skipped is not None:
+            out[name] = {"status": "skipped", "reason": (skipped.get("message") or "")[:300]}
+        else:
+            out[name] = {"status": tc.get("status", "passed")}
+    return out
+
+
+def summarize(
+    all_results: dict[str, dict[str, dict[str, str]]], durations: dict[str, float], out: Path
+) -> None:
+    (out / "summary.json").write_text(
+        json.dumps({"runs": all_results, "seconds": durations}, indent=1, sort_keys=True)
+    )
+    runs = list(all_results)
+    tests = sorted({t for r in all_results.values() for t in r})
+    lines = ["| test | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
+    for t in tests:
+        cells = []
+        for r in runs:
+            res = all_results[r].get(t)
+            if res is None:
+                cells.append("—")
+            elif res["status"] == "skipped":
+                cells.append(f"skipped: {res.get('reason', '')[:80]}")
+            else:
+                cells.append(res["status"])
+        lines.append(f"| {t} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for r in runs:
+        lines.append(f"- {r}: {line_for(r, all_results[r])}, {durations.get(r, 0):.0f} s")
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+
+
+def counts(res: dict[str, dict[str, str]]) -> tuple[int, int, int]:
+    st = [r["status"] for r in res.values()]
+    return st.count("passed"), st.count("failed"), st.count("skipped")
+
+
+def line_for(run: str, res: dict[str, dict[str, str]]) -> str:
+    p, f, s = counts(res)
+    return f"{p} passed, {f} failed, {s} skipped"
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.cluster.conformance")
+    ap.add_argument("--runs", default=",".join(RUNS))
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--procs", type=int, default=4)
+    ap.add_argument("--focus", default=FOCUS)
+    a = ap.parse_args(argv)
+    runs = [tuple(r.split(":", 1)) for r in a.runs.split(",")]
+    for proxy, mode in runs:
+        if proxy not in real.PROXIES or mode not in ("iptables", "nftables"):
+            raise SystemExit(f"unknown run {proxy}:{mode}")
+    for b in ("e2e.test", "ginkgo", "coredns"):
+        if not (real.NODE_BIN / b).exists():
+            raise SystemExit(f"missing {real.NODE_BIN / b}: run tests/cluster/build.sh conformance")
+    a.out.mkdir(parents=True, exist_ok=True)
+    first_proxy, first_mode = runs[0]
+    real.up(first_proxy, first_mode)
+    ensure_dns()
+    all_results: dict[str, dict[str, dict[str, str]]] = {}
+    durations: dict[str, float] = {}
+    for proxy, mode in runs:
+        name = f"{proxy}:{mode}"
+        real.use_proxy(proxy, mode)
+        t0 = time.monotonic()
+        junit = run_e2e(name.replace(":", "-"), a.out, a.procs, a.focus)
+        durations[name] = time.monotonic() - t0
+        all_results[name] = results(junit, a.focus)
+        summarize(all_results, durations, a.out)
+        print(f"conformance {proxy} {mode}: {line_for(name, all_results[name])}", flush=True)
+    print(f"summary: {a.out / 'summary.md'}")
+    for proxy, mode in runs:
+        name = f"{proxy}:{mode}"
+        print(f"conformance {proxy} {mode}: {line_for(name, all_results[name])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The images a real cluster here runs, made without a registry and saved as OCI archives under
+# exactly the names the kubelets (and e2e.test) ask for, for `ctr images import` on each node:
+#   registry.k8s.io/pause:3.10.2                      pause.c from v1.36.3
+#   registry.k8s.io/e2e-test-images/agnhost:2.63.0    agnhost from v1.36.3 on Debian
+#   registry.k8s.io/kube-proxy:v1.36.3                upstream kube-proxy on pyproxy's image
+#   docker.io/library/pyproxy:0.1.0                   pyproxy's image (make image)
+#   registry.k8s.io/coredns/coredns:v1.14.2           with `images.sh conformance`
+# Needs tests/cluster/build.sh node (or conformance) first; builds pyproxy's image if missing.
+set -euo pipefail
+cd "$(dirname "$0")"
+K8S_VERSION=${K8S_VERSION:-v1.36.3}
+CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.3.7}
+COREDNS_VERSION=${COREDNS_VERSION:-v1.14.2}
+CACHE=${PYPROXY_CLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pyproxy/cluster}
+CP="$CACHE/bin-$K8S_VERSION-etcd-${ETCD_VERSION:-v3.6.10}"
+NODE="$CACHE/node-$K8S_VERSION-containerd-$CONTAINERD_VERSION-coredns-$COREDNS_VERSION"
+OUT="$CACHE/images"
+PYPROXY=${PYPROXY_IMAGE:-pyproxy:0.1.0}
+BASE=localhost/pyproxy-base:bookworm
+STORE=(--storage-driver vfs)
+log() { printf '[images %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+mkdir -p "$OUT"
+
+# The pyproxy image's id: an archive made from another build of it is stale.
+pyproxy_id=$(buildah "${STORE[@]}" images --no-trunc --format '{{.ID}}' "localhost/$PYPROXY" 2>/dev/null | head -1)
+if [ -z "$pyproxy_id" ]; then
+  log "no image $PYPROXY yet: building it (tests/image/build.sh)"
+  ../image/build.sh "$PYPROXY"
+  pyproxy_id=$(buildah "${STORE[@]}" images --no-trunc --format '{{.ID}}' "localhost/$PYPROXY" | head -1)
+fi
+
+image() {  # image NAME ARCHIVE CONTAINERFILE KEY [files to put in the context...]
+  local name=$1 archive=$OUT/$2 file=$3 key=$4; shift 4
+  if [ -f "$archive" ] && [ "$(cat "$archive.key" 2>/dev/null)" = "$key" ]; then
+    log "$name: cached"; return 0
+  fi
+  log "$name: building"
+  local ctx; ctx=$(mktemp -d /tmp/pyproxy-image-ctx.XXXXXX)
+  cp -a "$@" "$ctx/"
+  if ! buildah "${STORE[@]}" build --isolation chroot --network host --layers=false \
+      --build-arg "BASE=$BASE" --build-arg "PYPROXY=localhost/$PYPROXY" -t "$name" \
+      -f "$PWD/images/$file" "$ctx" >"$ctx.log" 2>&1; then
+    tail -20 "$ctx.log"; rm -rf "$ctx"; echo "building $name failed" >&2; exit 1
+  fi
+  rm -rf "$ctx" "$ctx.log"
+  rm -f "$archive"
+  buildah "${STORE[@]}" push -q "$name" "oci-archive:$archive.tmp:$name" >/dev/null
+  mv "$archive.tmp" "$archive"
+  echo "$key" > "$archive.key"
+  log "$name: $(du -h "$archive" | cut -f1)"
+}
+
+image registry.k8s.io/pause:3.10.2 pause.tar pause.Containerfile "$(sha256sum "$NODE/pause")" "$NODE/pause"
+image registry.k8s.io/e2e-test-images/agnhost:2.63.0 agnhost.tar agnhost.Containerfile \
+  "$(sha256sum "$NODE/agnhost")" "$NODE/agnhost"
+links=$(mktemp -d /tmp/pyproxy-kp-links.XXXXXX)
+mkdir "$links/sbin"
+# kube-proxy runs plain `iptables`, `ip6tables`(-save/-restore): the nf_tables back end, as
+# upstream's image picks on a host whose rules are in nf_tables.
+for t in iptables ip6tables; do for s in "" -save -restore; do ln -s "$t-nft$s" "$links/sbin/$t$s"; done; done
+image registry.k8s.io/kube-proxy:$K8S_VERSION kube-proxy.tar kube-proxy.Containerfile \
+  "$(sha256sum "$CP/kube-proxy") $pyproxy_id" "$CP/kube-proxy" "$links/sbin"
+rm -rf "$links"
+if [ ! -f "$OUT/pyproxy.tar" ] || [ "$(cat "$OUT/pyproxy.tar.key" 2>/dev/null)" != "$pyproxy_id" ]; then
+  log "docker.io/library/$PYPROXY: exporting"
+  rm -f "$OUT/pyproxy.tar"
+  buildah "${STORE[@]}" push -q "localhost/$PYPROXY" "oci-archive:$OUT/pyproxy.tar.tmp:docker.io/library/$PYPROXY" >/dev/null
+  mv "$OUT/pyproxy.tar.tmp" "$OUT/pyproxy.tar"; echo "$pyproxy_id" > "$OUT/pyproxy.tar.key"
+fi
+if [ "${1:-}" = conformance ]; then
+  image "registry.k8s.io/coredns/coredns:$COREDNS_VERSION" coredns.tar coredns.Containerfile \
+    "$(sha256sum "$NODE/coredns")" "$NODE/coredns"
+fi
+log "archives in $OUT"

@@ -1,0 +1,426 @@
+"""A real cluster on this machine: a control plane in its own network namespace on the nodes'
+network, two nodes each with a kubelet, containerd and CNI, and a Service proxy deployed as a
+DaemonSet the way an operator deploys one (pyproxy from ``deploy/``, or upstream kube-proxy
+as kubeadm deploys it). The machine's own network namespace is never touched; see host.py
+for what the cluster lives in and how it is removed.
+
+    python -m tests.cluster.real up [--proxy pyproxy|kube-proxy] [--mode iptables|nftables]
+    python -m tests.cluster.real proxy pyproxy|kube-proxy [--mode ...]   (switch a live cluster)
+    python -m tests.cluster.real down
+
+Binaries come from ``tests/cluster/build.sh node`` and images from ``tests/cluster/images.sh``.
+The admin kubeconfig is ``$STATE/admin.kubeconfig``, for a kubectl run in the ``pyk-lan``
+network namespace (``kubectl()`` below).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.cluster import host
+from tests.cluster.cluster import BIN as CP_BIN
+from tests.cluster.cluster import CACHE, K8S_VERSION, SERVICE_CIDR, kubeconfig, make_pki
+from tests.cluster.node import CLUSTER_CIDR, Node
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+STATE = Path(os.environ.get("PYPROXY_REAL_CLUSTER_DIR", "/tmp/pyproxy-real-cluster"))
+CONTAINERD_VERSION = os.environ.get("CONTAINERD_VERSION", "v2.3.7")
+COREDNS_VERSION = os.environ.get("COREDNS_VERSION", "v1.14.2")
+NODE_BIN = CACHE / f"node-{K8S_VERSION}-containerd-{CONTAINERD_VERSION}-coredns-{COREDNS_VERSION}"
+IMAGES = CACHE / "images"
+LAN_IP = "172.18.0.1"
+SERVER = f"https://{LAN_IP}:6443"
+LAN = host.PREFIX + "lan"
+NODE_NAMES = ("node-a", "node-b")
+ADMIN_TOKEN = "pyk-admin-token"
+PROXIES = ("pyproxy", "kube-proxy")
+# What the proxy DaemonSets are called and how their pods are labelled.
+DAEMONSETS = {
+    "pyproxy": ("pyproxy", "app.kubernetes.io/name=pyproxy"),
+    "kube-proxy": ("kube-proxy", "k8s-app=kube-proxy"),
+}
+
+
+def nodes() -> list[Node]:
+    return [
+        Node(name, f"172.18.0.{i + 2}", f"10.244.{i + 1}.0/24", STATE / name)
+        for i, name in enumerate(NODE_NAMES)
+    ]
+
+
+def node_token(name: str) -> str:
+    return f"pyk-{name}-token"
+
+
+def missing() -> list[str]:
+    want = [CP_BIN / b for b in ("etcd", "kube-apiserver", "kube-controller-manager")]
+    want += [
+        NODE_BIN / b
+        for b in (
+            "kubelet",
+            "kube-scheduler",
+            "kubectl",
+            "containerd",
+            "containerd-shim-runc-v2",
+            "ctr",
+        )
+    ]
+    want += [IMAGES / f for f in ("pause.tar", "agnhost.tar", "pyproxy.tar", "kube-proxy.tar")]
+    want += [Path("/usr/sbin/runc"), Path("/usr/lib/cni/ptp")]
+    return [str(p) for p in want if not p.exists()]
+
+
+# ---- kubectl in the lan namespace ---------------------------------------------------------
+
+
+def kubectl(*args: str, check: bool = True, stdin: str | None = None, timeout: float = 120) -> str:
+    argv = [
+        "nsenter",
+        f"--net=/run/netns/{LAN}",
+        str(NODE_BIN / "kubectl"),
+        f"--kubeconfig={STATE / 'admin.kubeconfig'}",
+        *args,
+    ]
+    res = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout)
+    if check and res.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)}: {res.stderr.strip()[-2000:]}")
+    return res.stdout
+
+
+def get(*args: str) -> Any:
+    return json.loads(kubectl("get", "-o", "json", *args))
+
+
+def wait(pred: Any, what: str, timeout: float, every: float = 1.0) -> Any:
+    """Poll ``pred`` (a fact read from the API or the kernel) until it is truthy."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = pred()
+        except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(every)
+    raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+# ---- bring-up -----------------------------------------------------------------------------
+
+
+def _state() -> dict[str, Any]:
+    f = STATE / "state.json"
+    return json.loads(f.read_text()) if f.exists() else {}
+
+
+def _save(st: dict[str, Any]) -> None:
+    (STATE / "state.json").write_text(json.dumps(st, indent=1))
+
+
+def running() -> bool:
+    st = _state()
+    return bool(st.get("holder")) and Path(f"/proc/{st['holder']}").exists()
+
+
+def up(proxy: str = "pyproxy", mode: str = "iptables") -> None:
+    if running():
+        host.log(f"cluster already up ({STATE}); switching its proxy to {proxy} {mode}")
+        use_proxy(proxy, mode)
+        return
+    gone = missing()
+    if gone:
+        raise SystemExit(
+            "missing: "
+            + ", ".join(gone)
+            + "\nrun: tests/cluster/build.sh node && make image && tests/cluster/images.sh"
+        )
+    left = host.teardown(STATE, [])  # what an interrupted run left
+    if left:
+        raise SystemExit(f"cannot remove what an earlier cluster left: {left}")
+    t0 = time.monotonic()
+    STATE.mkdir(parents=True)
+    ns = nodes()
+    host.log("network namespaces: pyk-lan (control plane) and " + ", ".join(n.netns for n in ns))
+    host.make_network(LAN_IP, [(n.name, n.address, n.pod_cidr) for n in ns])
+    holder = host.start_holder(STATE)
+    st: dict[str, Any] = {"holder": holder, "pids": {}, "kubelets": []}
+    _save(st)
+    try:
+        _control_plane(holder, st)
+        host.log(f"control plane up at {SERVER} ({time.monotonic() - t0:.0f}s)")
+        archives = sorted(IMAGES.glob("*.tar"))
+        for n in ns:
+            pids = n.start(holder, NODE_BIN, STATE / f"{n.name}.kubeconfig", archives)
+            st["pids"][f"containerd-{n.name}"], st["pids"][f"kubelet-{n.name}"] = pids
+            st["kubelets"].append(pids[1])
+            _save(st)
+            host.log(f"{n.name}: containerd and kubelet started, {len(archives)} images imported")
+        wait(_nodes_ready, "both nodes Ready", 180)
+        host.log(f"nodes Ready ({time.monotonic() - t0:.0f}s)")
+        use_proxy(proxy, mode)
+        took = time.monotonic() - t0
+        host.log(f"cluster up in {took:.0f}s; admin kubeconfig {STATE / 'admin.kubeconfig'}")
+    except BaseException:
+        host.log("bring-up failed; logs in " + str(STATE))
+        for f in sorted(STATE.glob("**/*.log")):
+            tail = f.read_text(errors="replace").splitlines()[-15:]
+            print(f"--- {f} (last lines)\n" + "\n".join(tail), file=sys.stderr)
+        down()
+        raise
+
+
+def _control_plane(holder: int, st: dict[str, Any]) -> None:
+    pki = STATE / "pki"
+    make_pki(pki, ips=(LAN_IP, "10.96.0.1", "127.0.0.1"))
+    rows = [f'{ADMIN_TOKEN},admin,admin-uid,"system:masters"']
+    for name in NODE_NAMES:
+        rows.append(f'{node_token(name)},system:node:{name},{name}-uid,"system:nodes"')
+        (STATE / f"{name}.kubeconfig").write_text(
+            kubeconfig(SERVER, pki / "ca.crt", node_token(name))
+        )
+    (STATE / "tokens.csv").write_text("\n".join(rows) + "\n")
+    (STATE / "admin.kubeconfig").write_text(kubeconfig(SERVER, pki / "ca.crt", ADMIN_TOKEN))
+    admin = str(STATE / "admin.kubeconfig")
+
+    def start(name: str, *cmd: str) -> None:
+        st["pids"][name] = host.spawn(holder, LAN, STATE / f"{name}.log", *cmd)
+        _save(st)
+
+    start(
+        "etcd",
+        str(CP_BIN / "etcd"),
+        f"--data-dir={STATE / 'etcd'}",
+        "--listen-client-urls=http://127.0.0.1:2379",
+        "--advertise-client-urls=http://127.0.0.1:2379",
+        "--listen-peer-urls=http://127.0.0.1:2380",
+        "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+        "--initial-cluster=default=http://127.0.0.1:2380",
+        "--unsafe-no-fsync",
+        "--log-level=warn",
+    )
+    start(
+        "kube-apiserver",
+        str(CP_BIN / "kube-apiserver"),
+        "--etcd-servers=http://127.0.0.1:2379",
+        "--bind-address=0.0.0.0",
+        f"--advertise-address={LAN_IP}",
+        "--secure-port=6443",
+        f"--tls-cert-file={pki / 'apiserver.crt'}",
+        f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        f"--token-auth-file={STATE / 'tokens.csv'}",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        "--service-account-issuer=https://kubernetes.default.svc",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--service-node-port-range=30000-32767",
+        "--allow-privileged=true",
+        "--kubelet-preferred-address-types=InternalIP",
+        "--v=1",
+    )
+    wait(
+        lambda: kubectl("get", "--raw", "/readyz", check=False).strip() == "ok",
+        "kube-apiserver",
+        120,
+        0.5,
+    )
+    start(
+        "kube-controller-manager",
+        str(CP_BIN / "kube-controller-manager"),
+        f"--kubeconfig={admin}",
+        "--leader-elect=false",
+        f"--service-account-private-key-file={pki / 'sa.key'}",
+        f"--root-ca-file={pki / 'ca.crt'}",
+        f"--cluster-cidr={CLUSTER_CIDR}",
+        "--bind-address=127.0.0.1",
+        "--v=1",
+    )
+    start(
+        "kube-scheduler",
+        str(NODE_BIN / "kube-scheduler"),
+        f"--kubeconfig={admin}",
+        f"--authentication-kubeconfig={admin}",
+        f"--authorization-kubeconfig={admin}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        "--v=1",
+    )
+
+
+def _nodes_ready() -> bool:
+    items = get("nodes")["items"]
+    ready = {
+        n["metadata"]["name"]
+        for n in items
+        if any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in n["status"].get("conditions", [])
+        )
+    }
+    return ready == set(NODE_NAMES)
+
+
+# ---- the proxy ----------------------------------------------------------------------------
+
+
+def _pyproxy_kustomization(mode: str) -> Path:
+    """deploy/ as an operator applies it, with two patches: the API server's own address (the
+    proxy cannot reach it through the Service it has not programmed yet, so kube-proxy's
+    kubeconfig names it too) and the mode."""
+    d = STATE / "deploy-pyproxy"
+    d.mkdir(exist_ok=True)
+    cm = yaml.safe_load((ROOT / "deploy" / "configmap.yaml").read_text())
+    config = yaml.safe_load(cm["data"]["config.yaml"])
+    config["mode"] = mode
+    env = [
+        {
+            "op": "add",
+            "path": "/spec/template/spec/containers/0/env/-",
+            "value": {"name": k, "value": v},
+        }
+        for k, v in (("KUBERNETES_SERVICE_HOST", LAN_IP), ("KUBERNETES_SERVICE_PORT", "6443"))
+    ]
+    kust = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(ROOT / "deploy", d)],
+        "patches": [
+            {"target": {"kind": "DaemonSet", "name": "pyproxy"}, "patch": json.dumps(env)},
+            {
+                "target": {"kind": "ConfigMap", "name": "pyproxy"},
+                "patch": json.dumps(
+                    [
+                        {
+                            "op": "replace",
+                            "path": "/data/config.yaml",
+                            "value": yaml.safe_dump(config, sort_keys=False),
+                        }
+                    ]
+                ),
+            },
+        ],
+    }
+    (d / "kustomization.yaml").write_text(yaml.safe_dump(kust, sort_keys=False))
+    return d
+
+
+def _kube_proxy_manifest(mode: str) -> str:
+    text = (HERE / "manifests" / "kube-proxy.yaml").read_text()
+    return text.replace("${MODE}", mode).replace("${SERVER}", SERVER)
+
+
+def proxy_pods(proxy: str) -> dict[str, dict[str, Any]]:
+    """The proxy's pods that are Running and Ready, by node."""
+    _, selector = DAEMONSETS[proxy]
+    out = {}
+    for p in get("pods", "-n", "kube-system", "-l", selector)["items"]:
+        ready = any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in p["status"].get("conditions", [])
+        )
+        if (
+            p["status"].get("phase") == "Running"
+            and ready
+            and "deletionTimestamp" not in p["metadata"]
+        ):
+            out[p["spec"]["nodeName"]] = p
+    return out
+
+
+def deploy(proxy: str, mode: str) -> None:
+    name, _ = DAEMONSETS[proxy]
+    existed = bool(
+        kubectl(
+            "get", "daemonset", name, "-n", "kube-system", "--ignore-not-found", "-o", "name"
+        ).strip()
+    )
+    if proxy == "pyproxy":
+        kubectl("apply", "-k", str(_pyproxy_kustomization(mode)))
+    else:
+        kubectl("apply", "-f", "-", stdin=_kube_proxy_manifest(mode))
+    if existed:  # a changed ConfigMap alone restarts nothing: restart as an operator would
+        kubectl("rollout", "restart", f"daemonset/{name}", "-n", "kube-system")
+    kubectl(
+        "rollout", "status", f"daemonset/{name}", "-n", "kube-system", "--timeout=180s", timeout=200
+    )
+    wait(lambda: set(proxy_pods(proxy)) == set(NODE_NAMES), f"{proxy} Ready on every node", 120)
+
+
+def remove(proxy: str) -> None:
+    name, selector = DAEMONSETS[proxy]
+    kubectl(
+        "delete",
+        "daemonset",
+        name,
+        "-n",
+        "kube-system",
+        "--ignore-not-found",
+        "--wait=true",
+        timeout=180,
+    )
+    wait(
+        lambda: not get("pods", "-n", "kube-system", "-l", selector)["items"],
+        f"{proxy} pods gone",
+        120,
+    )
+
+
+def use_proxy(proxy: str, mode: str) -> None:
+    """The cluster served by ``proxy`` in ``mode``: deploy it, then remove the other."""
+    other = [p for p in PROXIES if p != proxy]
+    deploy(proxy, mode)
+    for p in other:
+        remove(p)
+    st = _state()
+    st["proxy"], st["mode"] = proxy, mode
+    _save(st)
+    host.log(f"{proxy} ({mode}) running on {', '.join(NODE_NAMES)}")
+
+
+def down() -> None:
+    st = _state()
+    left = host.teardown(STATE, list(st.get("kubelets", [])))
+    if left:
+        raise SystemExit("could not remove: " + ", ".join(left))
+    host.log("real cluster removed")
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.cluster.real")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("up", "proxy"):
+        p = sub.add_parser(name)
+        if name == "proxy":
+            p.add_argument("proxy", choices=PROXIES)
+        else:
+            p.add_argument("--proxy", choices=PROXIES, default="pyproxy")
+        p.add_argument("--mode", choices=("iptables", "nftables"), default="iptables")
+    sub.add_parser("down")
+    a = ap.parse_args(argv)
+    if a.cmd == "up":
+        up(a.proxy, a.mode)
+    elif a.cmd == "proxy":
+        if not running():
+            raise SystemExit("no real cluster is up (python -m tests.cluster.real up)")
+        use_proxy(a.proxy, a.mode)
+    else:
+        down()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

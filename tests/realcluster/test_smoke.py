@@ -1,0 +1,165 @@
+"""The real cluster's smoke test: two nodes with kubelets and containerd become Ready, pyproxy's
+DaemonSet (deploy/, pyproxy's own image, pulled from nowhere) runs one pod per node, and in
+iptables and in nftables mode a pod on node-a reaches a ClusterIP whose only endpoint is a pod
+on node-b, and node-a's namespace reaches that Service's NodePort on both nodes' addresses.
+Last, ``down`` leaves the machine as it was: its addresses, routes, rules and the host-wide
+sysctls the kubelet writes are unchanged, and nothing named for the cluster is left."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster import host, real
+
+AGNHOST = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
+
+
+def machine_facts() -> dict[str, str]:
+    """What a cluster must not change on the machine (read only: nothing here writes)."""
+    facts = {f"sysctl {p}": Path(f"/proc/sys/{p}").read_text() for p in host.MASKED_SYSCTLS}
+    for p in ("net/ipv4/ip_forward", "net/netfilter/nf_conntrack_max"):
+        f = Path(f"/proc/sys/{p}")
+        if f.exists():
+            facts[f"sysctl {p}"] = f.read_text()
+    for cmd in (["ip", "addr"], ["ip", "route"], ["ip", "-6", "route"], ["nft", "list", "ruleset"]):
+        facts[" ".join(cmd)] = subprocess.run(cmd, capture_output=True, text=True).stdout
+    for tool in ("iptables-nft-save", "iptables-legacy-save"):
+        out = subprocess.run([tool], capture_output=True, text=True).stdout
+        facts[tool] = "\n".join(line for line in out.splitlines() if not line.startswith("#"))
+    facts["netns"] = " ".join(sorted(real.host.netns_names()))
+    return facts
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[dict[str, str]]:
+    before = machine_facts()
+    real.up("pyproxy", "iptables")
+    try:
+        yield before
+    finally:
+        real.down()
+
+
+def pod(
+    name: str, node: str, args: list[str], labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": labels or {}},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "c", "image": AGNHOST, "args": args}],
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def service(cluster: dict[str, str]) -> dict[str, Any]:
+    import json
+
+    objs = [
+        pod("server", "node-b", ["netexec", "--http-port=8080"], {"app": "smoke"}),
+        pod("client", "node-a", ["pause"]),
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "smoke", "namespace": "default"},
+            "spec": {
+                "type": "NodePort",
+                "selector": {"app": "smoke"},
+                "ports": [{"port": 80, "targetPort": 8080, "protocol": "TCP"}],
+            },
+        },
+    ]
+    real.kubectl(
+        "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs})
+    )
+    real.kubectl(
+        "wait", "--for=condition=Ready", "pod/server", "pod/client", "--timeout=180s", timeout=200
+    )
+    svc = real.get("service", "smoke")
+    server = real.get("pod", "server")
+    assert server["spec"]["nodeName"] == "node-b"
+    # The EndpointSlice names exactly the server pod, ready.
+    real.wait(
+        lambda: (
+            [
+                (e["addresses"], e["conditions"].get("ready"))
+                for s in real.get("endpointslices", "-l", "kubernetes.io/service-name=smoke")[
+                    "items"
+                ]
+                for e in s.get("endpoints") or []
+            ]
+            == [([server["status"]["podIP"]], True)]
+        ),
+        "the EndpointSlice of smoke",
+        60,
+    )
+    return {"clusterIP": svc["spec"]["clusterIP"], "nodePort": svc["spec"]["ports"][0]["nodePort"]}
+
+
+def test_nodes_ready_and_pyproxy_on_every_node(cluster: dict[str, str]) -> None:
+    assert real._nodes_ready()
+    pods = real.proxy_pods("pyproxy")
+    assert set(pods) == {"node-a", "node-b"}
+    for p in pods.values():
+        (status,) = p["status"]["containerStatuses"]
+        assert status["image"] == "docker.io/library/pyproxy:0.1.0"
+        assert status["ready"] is True
+
+
+def _http(url_from: str, url: str) -> str:
+    """One bounded HTTP GET, from a pod (``pod/NAME``) or a node's namespace (``node-X``)."""
+    curl = ["curl", "-s", "--connect-timeout", "2", "--max-time", "5", url]
+    if url_from.startswith("pod/"):
+        return real.kubectl("exec", url_from[4:], "--", *curl, check=False, timeout=30)
+    res = subprocess.run(
+        ["nsenter", f"--net=/run/netns/{host.PREFIX}{url_from}", *curl],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return res.stdout
+
+
+@pytest.mark.parametrize("mode", ["iptables", "nftables"])
+def test_pod_to_clusterip_and_node_to_nodeport_across_nodes(
+    mode: str, service: dict[str, Any]
+) -> None:
+    real.use_proxy("pyproxy", mode)
+    cip, np = service["clusterIP"], service["nodePort"]
+    # netexec's /hostname answers the pod's name: the whole answer must be "server".
+    real.wait(
+        lambda: _http("pod/client", f"http://{cip}:80/hostname") == "server",
+        f"{mode}: client -> {cip}:80",
+        90,
+    )
+    for node in real.nodes():
+        url = f"http://{node.address}:{np}/hostname"
+        real.wait(lambda url=url: _http("node-a", url) == "server", f"{mode}: node-a -> {url}", 60)
+    # The mode's own objects are what carries it: the other mode's are not in node-a's kernel.
+    nft = subprocess.run(
+        ["nsenter", f"--net=/run/netns/{host.PREFIX}node-a", "nft", "list", "tables"],
+        capture_output=True,
+        text=True,
+    ).stdout.split("\n")
+    if mode == "nftables":
+        assert "table ip kube-proxy" in nft
+    else:
+        assert "table ip kube-proxy" not in nft
+
+
+def test_down_leaves_the_machine_as_it_was(cluster: dict[str, str]) -> None:
+    real.down()
+    after = machine_facts()
+    assert after == cluster
+    assert not real.host.netns_names()
+    assert not list(Path("/sys/fs/cgroup/memory").glob(host.PREFIX + "*"))
+    assert not real.STATE.exists()
