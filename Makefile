@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 DEBS   := iptables ipset conntrack nftables iproute2 ipvsadm user-mode-linux procps kmod \
-          buildah debootstrap runc containernetworking-plugins openssl
+          buildah debootstrap runc containernetworking-plugins openssl busybox-static
 
 .PHONY: install debs test unit lint e2e bench bench-quick demo cluster cluster-down clean \
         real-build real-cluster real-smoke conformance
@@ -83,7 +83,7 @@ real-smoke: real-build
 # pyproxy in iptables and nftables mode, on the real cluster (brought up, or reused if up).
 conformance: $(BIN)/pyproxy
 	tests/cluster/build.sh conformance
-	tests/cluster/images.sh conformance
+	tests/cluster/images.sh
 	$(BIN)/python -m tests.cluster.conformance
 
 clean:

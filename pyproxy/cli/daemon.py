@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -47,11 +48,20 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 FAILURES_BEFORE_EVENT = 3
+# What a start in each mode removes first, as upstream's platformCleanup does
+# (cmd/kube-proxy/app/server_linux.go): nftables mode the iptables and IPVS modes' objects,
+# the iptables-based modes the nftables table. They carry kube-proxy's names, so this is also
+# what lets an operator switch a node from kube-proxy in one mode to pyproxy in another.
+LEFTOVERS = {"nftables": ("iptables", "ipvs"), "iptables": ("nftables",), "ipvs": ("nftables",)}
 
 
 class Daemon:
     def __init__(self, cfg: ProxyConfig, backend: Backend | None = None) -> None:
         self.cfg = cfg
+        # The other modes' objects go after this mode's first full sync, not before (upstream
+        # removes them first): a node switching modes keeps serving throughout. A test's
+        # stand-in backend must not touch this kernel.
+        self.leftovers_pending = backend is None
         self.backend = backend or registry.create(cfg)
         self.tracker = ChangeTracker(cfg.node_name)
         self.syncer = Syncer(self.tracker, self.backend)
@@ -135,6 +145,9 @@ class Daemon:
         if rec.ok and rec.state is not None:
             if rec.full:
                 memory.freeze()
+                if self.leftovers_pending:
+                    self.leftovers_pending = False
+                    self.cleanup_other_modes()
             if rec.result is not None:
                 self._families = rec.result.families
                 if rec.result.sync_again_in is not None:
@@ -225,6 +238,18 @@ class Daemon:
 
     def log_dump(self) -> None:
         log.info("state and rules (SIGUSR1):\n%s", self.debug.dump())
+
+    def cleanup_other_modes(self) -> None:
+        """Best effort, as upstream: a failure is a log line, never the end of the process."""
+        for mode in LEFTOVERS.get(self.cfg.mode, ()):
+            try:
+                other = registry.create(replace(self.cfg, mode=mode))
+                try:
+                    other.cleanup()
+                finally:
+                    other.close()
+            except Exception as err:  # e.g. no IPVS in this kernel
+                log.warning("cleaning up what %s mode left: %s", mode, err)
 
     def shutdown(self, *_: object) -> None:
         self.stop.set()

@@ -4,9 +4,9 @@
 # on 2 cores).
 #
 #   build.sh                 control plane: etcd, kube-apiserver, kube-controller-manager, kube-proxy
-#   build.sh node            + what a real node runs: kubelet, kube-scheduler, kubectl, containerd
-#                            (containerd, its runc shim, ctr), agnhost and the pause binary
-#   build.sh conformance     + e2e.test, the ginkgo runner and CoreDNS
+#   build.sh node            + what a real cluster runs: kubelet, kube-scheduler, kubectl,
+#                            containerd (containerd, its runc shim, ctr), CoreDNS, agnhost, pause
+#   build.sh conformance     + e2e.test and the ginkgo runner
 #
 # Users who already have the control-plane binaries set PYPROXY_KUBE_APISERVER,
 # PYPROXY_KUBE_CONTROLLER_MANAGER, PYPROXY_KUBE_PROXY and PYPROXY_ETCD; the control plane is not
@@ -136,19 +136,6 @@ CLDF="-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_V
 for cmd in containerd containerd-shim-runc-v2 ctr; do
   compile "$C" "$NODE_OUT/$cmd" "github.com/containerd/containerd/v2/cmd/$cmd" -ldflags "$CLDF"
 done
-log "node binaries in $NODE_OUT"
-[ "$want_conformance" = 1 ] || exit 0
-
-# --- conformance: e2e.test and CoreDNS ---
-if [ ! -x "$NODE_OUT/e2e.test" ]; then
-  log "compiling e2e.test (the longest link: several minutes when cold)"
-  start=$(date +%s)
-  (cd "$B" && go test -c -trimpath "$TAGS" -ldflags "$LDF" -o "$NODE_OUT/e2e.test.tmp" k8s.io/kubernetes/test/e2e) \
-    && mv "$NODE_OUT/e2e.test.tmp" "$NODE_OUT/e2e.test"
-  log "e2e.test: done in $(( $(date +%s) - start ))s"
-fi
-# ginkgo's runner, at the version Kubernetes pins, runs e2e.test's specs in parallel processes.
-compile "$B" "$NODE_OUT/ginkgo" github.com/onsi/ginkgo/v2/ginkgo -ldflags "-s -w"
 # CoreDNS with only the plugins the Kubernetes 1.36 add-on's Corefile uses
 # (cluster/addons/dns/coredns/coredns.yaml.in): its full plugin set adds about a thousand
 # packages of cloud SDKs to a cold build. Plugins register themselves when imported.
@@ -167,4 +154,17 @@ if [ ! -x "$NODE_OUT/coredns" ]; then
   fi
   compile "$D" "$NODE_OUT/coredns" . -ldflags "-s -w"
 fi
+log "node binaries in $NODE_OUT"
+[ "$want_conformance" = 1 ] || exit 0
+
+# --- conformance: e2e.test and ginkgo ---
+if [ ! -x "$NODE_OUT/e2e.test" ]; then
+  log "compiling e2e.test (the longest link: several minutes when cold)"
+  start=$(date +%s)
+  (cd "$B" && go test -c -trimpath "$TAGS" -ldflags "$LDF" -o "$NODE_OUT/e2e.test.tmp" k8s.io/kubernetes/test/e2e) \
+    && mv "$NODE_OUT/e2e.test.tmp" "$NODE_OUT/e2e.test"
+  log "e2e.test: done in $(( $(date +%s) - start ))s"
+fi
+# ginkgo's runner, at the version Kubernetes pins, runs e2e.test's specs in parallel processes.
+compile "$B" "$NODE_OUT/ginkgo" github.com/onsi/ginkgo/v2/ginkgo -ldflags "-s -w"
 log "conformance binaries in $NODE_OUT"

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 from tests.cluster import host, real
 
@@ -79,23 +81,34 @@ def run_e2e(name: str, out: Path, procs: int, focus: str) -> Path:
     ]
     host.log(f"{name}: e2e.test ({procs} processes); output in {d / 'e2e.log'}")
     t0 = time.monotonic()
-    with (d / "e2e.log").open("w") as logf:
-        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with (d / "e2e.log").open("wb") as logf:
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert p.stdout is not None
-        for line in p.stdout:  # progress: each finished spec and ginkgo's summary lines
-            logf.write(line)
-            s = line.strip()
-            if (
-                s.startswith(("•", "Ran ", "PASS", "FAIL", "[FAIL]", "S [SKIPPED]"))
-                or "[FAILED]" in s
-            ):
-                print(f"  {name}: {s[:160]}", flush=True)
+        progress(p.stdout.fileno(), logf, name, t0)
         p.wait()
     host.log(f"{name}: e2e.test ended with {p.returncode} after {time.monotonic() - t0:.0f}s")
     junit = next(iter(sorted(d.glob("junit*.xml"))), None)
     if junit is None:
         raise RuntimeError(f"{name}: no JUnit report in {d} (see {d / 'e2e.log'})")
     return junit
+
+
+def progress(fd: int, logf: Any, name: str, t0: float) -> None:
+    """Copy ginkgo's output to the log; print each failure, ginkgo's summary lines, and a
+    count of finished specs (ginkgo marks each with a character, not a line) once a minute."""
+    done, pending, last = 0, b"", time.monotonic()
+    while chunk := os.read(fd, 65536):
+        logf.write(chunk)
+        done += chunk.count("•".encode())
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for raw in lines:
+            line = raw.decode(errors="replace").strip().lstrip("•").strip()
+            if line.startswith(("[FAILED] [", "Ran ", "PASS", "FAIL!", "Test Suite")):
+                print(f"  {name}: {line[:200]}", flush=True)
+        if time.monotonic() - last > 60:
+            last = time.monotonic()
+            print(f"  {name}: {done} specs finished, {last - t0:.0f}s", flush=True)
 
 
 def results(junit: Path, focus: str) -> dict[str, dict[str, str]]:

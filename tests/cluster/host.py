@@ -12,7 +12,7 @@ it, also after an interrupted run (it finds its objects by name, not only by the
   ``/run``, ``/var/log`` and ``/var/lib`` are the cluster's own (tmpfs: the CNI cache, the
   kubelets' ``/var/log/containers`` links, shim sockets, the xtables lock), and the host-wide
   sysctls the kubelet writes are regular files (``MASKED_SYSCTLS``), so its writes never reach the
-  machine;
+  machine; ``/etc/resolv.conf`` is empty (no name server outside the namespaces is asked);
 - cgroups ``/pyk-<node>`` in every v1 hierarchy (the kubelets' ``cgroupRoot``): pods leave the
   calling shell's cgroup, so teardown kills what is in them itself.
 """
@@ -106,6 +106,9 @@ def start_holder(state: Path) -> int:
     fake.mkdir(parents=True, exist_ok=True)
     lines = ["set -e", "mount --make-rshared /"]
     lines += [f"mount -t tmpfs -o mode=755 tmpfs {d}" for d in ("/run", "/var/log", "/var/lib")]
+    # No name server: nothing in the cluster asks one outside its namespaces.
+    (state / "resolv.conf").write_text("")
+    lines.append(f"mount --bind {state}/resolv.conf /etc/resolv.conf")
     for path, value in MASKED_SYSCTLS.items():
         f = fake / path.replace("/", ".")
         f.write_text(value + "\n")
@@ -156,6 +159,22 @@ def make_cgroups(name: str) -> None:
         if c == "cpuset":
             for f in ("cpuset.cpus", "cpuset.mems"):
                 (d / f).write_text((CGROUP_ROOT / c / f).read_text())
+
+
+def machine_facts() -> dict[str, str]:
+    """What a cluster must not change on the machine (read only: nothing here writes)."""
+    facts = {f"sysctl {p}": Path(f"/proc/sys/{p}").read_text() for p in MASKED_SYSCTLS}
+    for p in ("net/ipv4/ip_forward", "net/netfilter/nf_conntrack_max"):
+        f = Path(f"/proc/sys/{p}")
+        if f.exists():
+            facts[f"sysctl {p}"] = f.read_text()
+    for cmd in (["ip", "addr"], ["ip", "route"], ["ip", "-6", "route"], ["nft", "list", "ruleset"]):
+        facts[" ".join(cmd)] = subprocess.run(cmd, capture_output=True, text=True).stdout
+    for tool in ("iptables-nft-save", "iptables-legacy-save"):
+        out = subprocess.run([tool], capture_output=True, text=True).stdout
+        facts[tool] = "\n".join(line for line in out.splitlines() if not line.startswith("#"))
+    facts["netns"] = " ".join(sorted(netns_names()))
+    return facts
 
 
 # ---- teardown ----------------------------------------------------------------------------

@@ -5,8 +5,10 @@
 #   registry.k8s.io/e2e-test-images/agnhost:2.63.0    agnhost from v1.36.3 on Debian
 #   registry.k8s.io/kube-proxy:v1.36.3                upstream kube-proxy on pyproxy's image
 #   docker.io/library/pyproxy:0.1.0                   pyproxy's image (make image)
-#   registry.k8s.io/coredns/coredns:v1.14.2           with `images.sh conformance`
-# Needs tests/cluster/build.sh node (or conformance) first; builds pyproxy's image if missing.
+#   registry.k8s.io/coredns/coredns:v1.14.2           CoreDNS (also /coredns in agnhost)
+#   registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0, nginx:1.15-4, busybox:1.37.0-1
+#                                                     the other images the [sig-network] tests run
+# Needs tests/cluster/build.sh node first; builds pyproxy's image if missing.
 set -euo pipefail
 cd "$(dirname "$0")"
 K8S_VERSION=${K8S_VERSION:-v1.36.3}
@@ -52,8 +54,24 @@ image() {  # image NAME ARCHIVE CONTAINERFILE KEY [files to put in the context..
 }
 
 image registry.k8s.io/pause:3.10.2 pause.tar pause.Containerfile "$(sha256sum "$NODE/pause")" "$NODE/pause"
+K=$(cd "$CACHE/src/k8s-$K8S_VERSION" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
 image registry.k8s.io/e2e-test-images/agnhost:2.63.0 agnhost.tar agnhost.Containerfile \
-  "$(sha256sum "$NODE/agnhost")" "$NODE/agnhost"
+  "$(cat "$NODE/agnhost" "$NODE/coredns" images/agnhost.Containerfile | sha256sum)" \
+  "$NODE/agnhost" "$NODE/coredns" "$K/test/images/agnhost/porter/localhost.crt" \
+  "$K/test/images/agnhost/porter/localhost.key"
+# The DNS tests' querier image needs sh, dig and getent from glibc: agnhost's Debian has them.
+if [ ! -f "$OUT/glibc-dns-testing.tar" ] || [ "$(cat "$OUT/glibc-dns-testing.tar.key")" != "$(cat "$OUT/agnhost.tar.key")" ]; then
+  log "registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0: agnhost's image under that name"
+  rm -f "$OUT/glibc-dns-testing.tar"
+  buildah "${STORE[@]}" push -q registry.k8s.io/e2e-test-images/agnhost:2.63.0 \
+    "oci-archive:$OUT/glibc-dns-testing.tar.tmp:registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0" >/dev/null
+  mv "$OUT/glibc-dns-testing.tar.tmp" "$OUT/glibc-dns-testing.tar"
+  cp "$OUT/agnhost.tar.key" "$OUT/glibc-dns-testing.tar.key"
+fi
+image registry.k8s.io/e2e-test-images/nginx:1.15-4 nginx.tar nginx.Containerfile \
+  "$(sha256sum images/nginx.Containerfile)" images/nginx.Containerfile
+image registry.k8s.io/e2e-test-images/busybox:1.37.0-1 busybox.tar busybox.Containerfile \
+  "$(sha256sum /bin/busybox)" /bin/busybox
 links=$(mktemp -d /tmp/pyproxy-kp-links.XXXXXX)
 mkdir "$links/sbin"
 # kube-proxy runs plain `iptables`, `ip6tables`(-save/-restore): the nf_tables back end, as
@@ -68,8 +86,6 @@ if [ ! -f "$OUT/pyproxy.tar" ] || [ "$(cat "$OUT/pyproxy.tar.key" 2>/dev/null)" 
   buildah "${STORE[@]}" push -q "localhost/$PYPROXY" "oci-archive:$OUT/pyproxy.tar.tmp:docker.io/library/$PYPROXY" >/dev/null
   mv "$OUT/pyproxy.tar.tmp" "$OUT/pyproxy.tar"; echo "$pyproxy_id" > "$OUT/pyproxy.tar.key"
 fi
-if [ "${1:-}" = conformance ]; then
-  image "registry.k8s.io/coredns/coredns:$COREDNS_VERSION" coredns.tar coredns.Containerfile \
+image "registry.k8s.io/coredns/coredns:$COREDNS_VERSION" coredns.tar coredns.Containerfile \
     "$(sha256sum "$NODE/coredns")" "$NODE/coredns"
-fi
 log "archives in $OUT"

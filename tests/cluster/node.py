@@ -71,6 +71,8 @@ state = "{d}/state"
         SystemdCgroup = false
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = 'overlayfs'
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = '{self.state}/registries'
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = '{PAUSE}'
 """
@@ -149,6 +151,14 @@ state = "{d}/state"
         cfg = self.state / "containerd.toml"
         cfg.write_text(self.containerd_config())
         (self.state / "cni" / "10-pyk.conflist").write_text(self.cni_config())
+        # Every registry is this node's loopback, where nothing listens: an image that was not
+        # imported fails to pull at once, and no request leaves the node's namespace.
+        hosts = self.state / "registries" / "_default" / "hosts.toml"
+        hosts.parent.mkdir(parents=True, exist_ok=True)
+        hosts.write_text(
+            'server = "http://127.0.0.1:9"\n[host."http://127.0.0.1:9"]\n'
+            '  capabilities = ["pull", "resolve"]\n'
+        )
         host.make_cgroups(self.name)
         path = f"{bins}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
         pids = [

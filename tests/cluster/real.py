@@ -75,7 +75,8 @@ def missing() -> list[str]:
             "ctr",
         )
     ]
-    want += [IMAGES / f for f in ("pause.tar", "agnhost.tar", "pyproxy.tar", "kube-proxy.tar")]
+    archives = ("pause", "agnhost", "pyproxy", "kube-proxy", "coredns")
+    want += [IMAGES / f"{a}.tar" for a in archives]
     want += [Path("/usr/sbin/runc"), Path("/usr/lib/cni/ptp")]
     return [str(p) for p in want if not p.exists()]
 

@@ -5,10 +5,11 @@ are missing; CI runs with PYPROXY_NO_SKIPS=1, so a skip fails it there."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster import real
+from tests.cluster import host, real
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -22,3 +23,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.realcluster)
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[dict[str, str]]:
+    before = host.machine_facts()
+    real.up("pyproxy", "iptables")
+    try:
+        yield before
+    finally:
+        real.down()

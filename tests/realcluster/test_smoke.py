@@ -2,14 +2,11 @@
 DaemonSet (deploy/, pyproxy's own image, pulled from nowhere) runs one pod per node, and in
 iptables and in nftables mode a pod on node-a reaches a ClusterIP whose only endpoint is a pod
 on node-b, and node-a's namespace reaches that Service's NodePort on both nodes' addresses.
-Last, ``down`` leaves the machine as it was: its addresses, routes, rules and the host-wide
-sysctls the kubelet writes are unchanged, and nothing named for the cluster is left."""
+(test_teardown.py checks that ``down`` leaves the machine as it was.)"""
 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,32 +14,6 @@ import pytest
 from tests.cluster import host, real
 
 AGNHOST = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
-
-
-def machine_facts() -> dict[str, str]:
-    """What a cluster must not change on the machine (read only: nothing here writes)."""
-    facts = {f"sysctl {p}": Path(f"/proc/sys/{p}").read_text() for p in host.MASKED_SYSCTLS}
-    for p in ("net/ipv4/ip_forward", "net/netfilter/nf_conntrack_max"):
-        f = Path(f"/proc/sys/{p}")
-        if f.exists():
-            facts[f"sysctl {p}"] = f.read_text()
-    for cmd in (["ip", "addr"], ["ip", "route"], ["ip", "-6", "route"], ["nft", "list", "ruleset"]):
-        facts[" ".join(cmd)] = subprocess.run(cmd, capture_output=True, text=True).stdout
-    for tool in ("iptables-nft-save", "iptables-legacy-save"):
-        out = subprocess.run([tool], capture_output=True, text=True).stdout
-        facts[tool] = "\n".join(line for line in out.splitlines() if not line.startswith("#"))
-    facts["netns"] = " ".join(sorted(real.host.netns_names()))
-    return facts
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[dict[str, str]]:
-    before = machine_facts()
-    real.up("pyproxy", "iptables")
-    try:
-        yield before
-    finally:
-        real.down()
 
 
 def pod(
@@ -154,12 +125,3 @@ def test_pod_to_clusterip_and_node_to_nodeport_across_nodes(
         assert "table ip kube-proxy" in nft
     else:
         assert "table ip kube-proxy" not in nft
-
-
-def test_down_leaves_the_machine_as_it_was(cluster: dict[str, str]) -> None:
-    real.down()
-    after = machine_facts()
-    assert after == cluster
-    assert not real.host.netns_names()
-    assert not list(Path("/sys/fs/cgroup/memory").glob(host.PREFIX + "*"))
-    assert not real.STATE.exists()
