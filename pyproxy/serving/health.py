@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import socketserver
 import threading
 import time
 import urllib.parse
@@ -115,6 +116,16 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, host: str, port: int, handler: type) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         super().__init__((host, port), handler)
+
+    def server_bind(self) -> None:
+        """HTTPServer's own asks getfqdn() of the address, a reverse DNS lookup. On a node
+        whose name server is a Service that this proxy has yet to program, that waited for
+        the resolver's timeouts: 10 s per server before the first sync in a real cluster."""
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = (
+            str(self.server_address[0]),
+            int(self.server_address[1]),
+        )
 
 
 def serve(host: str, port: int, route: Route, name: str) -> _Server:

@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import re
+import select
 import subprocess
 import sys
 import time
@@ -77,6 +78,7 @@ def run_e2e(name: str, out: Path, procs: int, focus: str) -> Path:
         "--disable-log-dump",
         "--dump-logs-on-failure=false",
         "--allowed-not-ready-nodes=0",
+        f"--num-nodes={len(real.NODE_NAMES)}",
         "--minStartupPods=1",
     ]
     host.log(f"{name}: e2e.test ({procs} processes); output in {d / 'e2e.log'}")
@@ -97,7 +99,13 @@ def progress(fd: int, logf: Any, name: str, t0: float) -> None:
     """Copy ginkgo's output to the log; print each failure, ginkgo's summary lines, and a
     count of finished specs (ginkgo marks each with a character, not a line) once a minute."""
     done, pending, last = 0, b"", time.monotonic()
-    while chunk := os.read(fd, 65536):
+    while True:
+        if select.select([fd], [], [], 10)[0]:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+        else:
+            chunk = b""
         logf.write(chunk)
         done += chunk.count("•".encode())
         pending += chunk

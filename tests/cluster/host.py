@@ -28,7 +28,8 @@ from pathlib import Path
 PREFIX = "pyk-"
 HOLDER = "pyproxy-real-cluster-holder"
 # Host-wide files the kubelet writes at start (pkg/kubelet/cm/container_manager_linux.go
-# setupKernelTunables), with the values it wants: masked by files holding exactly those.
+# setupKernelTunables), with the values it writes: in the cluster's mount namespace each is a
+# regular file, which starts with the machine's value and takes the kubelet's write.
 MASKED_SYSCTLS = {
     "vm/overcommit_memory": "1",
     "vm/panic_on_oom": "0",
@@ -109,9 +110,10 @@ def start_holder(state: Path) -> int:
     # No name server: nothing in the cluster asks one outside its namespaces.
     (state / "resolv.conf").write_text("")
     lines.append(f"mount --bind {state}/resolv.conf /etc/resolv.conf")
-    for path, value in MASKED_SYSCTLS.items():
+    for path in MASKED_SYSCTLS:
+        # The machine's own values to start with: what the kubelet writes shows in the file.
         f = fake / path.replace("/", ".")
-        f.write_text(value + "\n")
+        f.write_text(Path(f"/proc/sys/{path}").read_text())
         lines.append(f"mount --bind {f} /proc/sys/{path}")
     lines.append(f"touch {state}/holder.ready")
     lines.append(f"exec -a {HOLDER} sleep infinity")
@@ -129,6 +131,11 @@ def start_holder(state: Path) -> int:
             )
         time.sleep(0.05)
     return p.pid
+
+
+def masked_values(state: Path) -> dict[str, str]:
+    """What the cluster's processes wrote to the masked sysctls (the kubelet's values)."""
+    return {p: (state / "sysctl" / p.replace("/", ".")).read_text().strip() for p in MASKED_SYSCTLS}
 
 
 def spawn(holder: int, ns: str, logfile: Path, *cmd: str, env: dict[str, str] | None = None) -> int:

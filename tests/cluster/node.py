@@ -166,6 +166,15 @@ state = "{d}/state"
                 holder,
                 self.netns,
                 self.state / "containerd.log",
+                # A UTS namespace of the node's own, named for it: host-network pods (and
+                # the e2e tests that ask them their hostname) see the node's name, not the
+                # machine's.
+                "unshare",
+                "--uts",
+                "sh",
+                "-c",
+                'hostname "$0" && exec "$@"',
+                self.name,
                 str(bins / "containerd"),
                 f"--config={cfg}",
                 env={"PATH": path},

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.cluster import host, real
+from tests.realcluster import kernel
 
 AGNHOST = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
 
@@ -78,6 +79,9 @@ def service(cluster: dict[str, str]) -> dict[str, Any]:
 
 def test_nodes_ready_and_pyproxy_on_every_node(cluster: dict[str, str]) -> None:
     assert real._nodes_ready()
+    # The kubelets wrote their host-wide sysctls, and the writes went to the cluster's masks
+    # (test_teardown.py checks that the machine's values did not move).
+    assert host.masked_values(real.STATE) == host.MASKED_SYSCTLS
     pods = real.proxy_pods("pyproxy")
     assert set(pods) == {"node-a", "node-b"}
     for p in pods.values():
@@ -105,6 +109,10 @@ def test_pod_to_clusterip_and_node_to_nodeport_across_nodes(
     mode: str, service: dict[str, Any]
 ) -> None:
     real.use_proxy("pyproxy", mode)
+    # Ready is not yet synced (pyproxy is healthy while it starts, as upstream): wait for the
+    # mode's own objects, and no other mode's, in both nodes' kernels, then send traffic.
+    for node in ("node-a", "node-b"):
+        real.wait(lambda node=node: kernel.serves_in(node, mode), f"{node} in {mode} mode", 60)
     cip, np = service["clusterIP"], service["nodePort"]
     # netexec's /hostname answers the pod's name: the whole answer must be "server".
     real.wait(
@@ -115,13 +123,3 @@ def test_pod_to_clusterip_and_node_to_nodeport_across_nodes(
     for node in real.nodes():
         url = f"http://{node.address}:{np}/hostname"
         real.wait(lambda url=url: _http("node-a", url) == "server", f"{mode}: node-a -> {url}", 60)
-    # The mode's own objects are what carries it: the other mode's are not in node-a's kernel.
-    nft = subprocess.run(
-        ["nsenter", f"--net=/run/netns/{host.PREFIX}node-a", "nft", "list", "tables"],
-        capture_output=True,
-        text=True,
-    ).stdout.split("\n")
-    if mode == "nftables":
-        assert "table ip kube-proxy" in nft
-    else:
-        assert "table ip kube-proxy" not in nft

@@ -18,7 +18,6 @@ the end neither holds pyproxy's nftables table.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import time
 from typing import Any
@@ -26,15 +25,10 @@ from typing import Any
 import pytest
 
 from tests.cluster import host, real
+from tests.realcluster import kernel
 
 AGNHOST = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
 MAX_ITERATIONS = 6000  # a bound on the client's loop: it stops by itself
-# kube-proxy's iptables chains in the nat and filter tables (its cleanup's list) and the
-# per-service chains; the kubelet's KUBE-KUBELET-CANARY, KUBE-FIREWALL are not kube-proxy's.
-PROXY_CHAIN = re.compile(
-    r"^:(KUBE-SERVICES|KUBE-NODEPORTS|KUBE-POSTROUTING|KUBE-PROXY-CANARY|KUBE-FORWARD"
-    r"|KUBE-EXTERNAL-SERVICES|KUBE-PROXY-FIREWALL|KUBE-(SVC|SVL|EXT|FW|SEP)-[A-Z0-9]+) "
-)
 
 
 def _manifest() -> str:
@@ -67,27 +61,6 @@ def _manifest() -> str:
     }
     items = [server("switch-a", "node-a"), server("switch-b", "node-b"), client, svc]
     return json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
-
-
-def _leftover_chains(node: str) -> list[str]:
-    out = []
-    for tool in ("iptables-nft-save", "ip6tables-nft-save"):
-        text = subprocess.run(
-            ["nsenter", f"--net=/run/netns/{host.PREFIX}{node}", tool],
-            capture_output=True,
-            text=True,
-        ).stdout
-        out += [f"{tool}: {line}" for line in text.splitlines() if PROXY_CHAIN.match(line)]
-    return out
-
-
-def _nft_tables(node: str) -> list[str]:
-    text = subprocess.run(
-        ["nsenter", f"--net=/run/netns/{host.PREFIX}{node}", "nft", "list", "tables"],
-        capture_output=True,
-        text=True,
-    ).stdout
-    return text.splitlines()
 
 
 def test_switch_kube_proxy_to_pyproxy_and_back_under_load(cluster: dict[str, str]) -> None:
@@ -145,13 +118,12 @@ def test_switch_kube_proxy_to_pyproxy_and_back_under_load(cluster: dict[str, str
         host.log("switch: pyproxy to nftables mode")
         real.use_proxy("pyproxy", "nftables")
         # Its first sync is done when it is Ready; the other mode's chains go right after.
-        real.wait(
-            lambda: not _leftover_chains("node-a") and not _leftover_chains("node-b"),
-            "kube-proxy's iptables chains removed by pyproxy in nftables mode",
-            60,
-        )
+        for node in ("node-a", "node-b"):
+            real.wait(lambda node=node: kernel.serves_in(node, "nftables"), f"{node}: nftables", 60)
         host.log("switch: pyproxy back to iptables mode")
         real.use_proxy("pyproxy", "iptables")
+        for node in ("node-a", "node-b"):
+            real.wait(lambda node=node: kernel.serves_in(node, "iptables"), f"{node}: iptables", 60)
         host.log("switch: kube-proxy (iptables) in, pyproxy out")
         real.use_proxy("kube-proxy", "iptables")
         time.sleep(10)  # kube-proxy alone again
@@ -172,8 +144,7 @@ def test_switch_kube_proxy_to_pyproxy_and_back_under_load(cluster: dict[str, str
     assert len(results) > 10 * seconds, f"the client sent too few requests: {len(results)}; {err}"
     assert not failed, f"{len(failed)} of {len(results)} requests failed: {failed[:10]}"
     for node in ("node-a", "node-b"):
-        assert "table ip kube-proxy" not in _nft_tables(node)
-        assert "table ip6 kube-proxy" not in _nft_tables(node)
+        assert kernel.serves_in(node, "iptables")
 
 
 @pytest.fixture(autouse=True)
