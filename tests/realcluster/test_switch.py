@@ -29,6 +29,7 @@ from tests.realcluster import kernel
 
 AGNHOST = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
 MAX_ITERATIONS = 6000  # a bound on the client's loop: it stops by itself
+DWELL = 15  # seconds of load before the first switch, after each, and after the last
 
 
 def _manifest() -> str:
@@ -112,21 +113,24 @@ def test_switch_kube_proxy_to_pyproxy_and_back_under_load(cluster: dict[str, str
     client = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     t0 = time.monotonic()
     try:
-        time.sleep(10)  # kube-proxy alone first
+        time.sleep(DWELL)  # kube-proxy alone first
         host.log("switch: pyproxy (iptables) in, kube-proxy out")
         real.use_proxy("pyproxy", "iptables")
+        time.sleep(DWELL)
         host.log("switch: pyproxy to nftables mode")
         real.use_proxy("pyproxy", "nftables")
         # Its first sync is done when it is Ready; the other mode's chains go right after.
         for node in ("node-a", "node-b"):
             real.wait(lambda node=node: kernel.serves_in(node, "nftables"), f"{node}: nftables", 60)
+        time.sleep(DWELL)
         host.log("switch: pyproxy back to iptables mode")
         real.use_proxy("pyproxy", "iptables")
         for node in ("node-a", "node-b"):
             real.wait(lambda node=node: kernel.serves_in(node, "iptables"), f"{node}: iptables", 60)
+        time.sleep(DWELL)
         host.log("switch: kube-proxy (iptables) in, pyproxy out")
         real.use_proxy("kube-proxy", "iptables")
-        time.sleep(10)  # kube-proxy alone again
+        time.sleep(DWELL)  # kube-proxy alone again
     finally:
         real.kubectl("exec", "switch-client", "--", "touch", "/tmp/stop", check=False)
         out, err = client.communicate(timeout=60)
@@ -138,7 +142,9 @@ def test_switch_kube_proxy_to_pyproxy_and_back_under_load(cluster: dict[str, str
         f"switch: {len(results)} requests in {seconds:.0f}s ({len(results) / seconds:.1f}/s), "
         f"{len(failed)} failed"
     )
-    (real.STATE / "switch-result.json").write_text(
+    out = real.ROOT / "build" / "switch-result.json"  # the README's figure
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(
         json.dumps({"requests": len(results), "failed": len(failed), "seconds": round(seconds)})
     )
     assert len(results) > 10 * seconds, f"the client sent too few requests: {len(results)}; {err}"
