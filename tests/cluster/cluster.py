@@ -131,6 +131,23 @@ def make_pki(d: Path, ips: tuple[str, ...] = ("127.0.0.1", "10.96.0.1")) -> None
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
 
 
+def apiserver_security(pki: Path, tokens: Path) -> list[str]:
+    """kube-apiserver's TLS, static tokens, service-account keys and Service ranges (both
+    clusters' API servers take these; each adds how it listens and authorizes)."""
+    return [
+        f"--tls-cert-file={pki / 'apiserver.crt'}",
+        f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        f"--token-auth-file={tokens}",
+        "--service-account-issuer=https://kubernetes.default.svc",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--service-node-port-range=30000-32767",
+        "--allow-privileged=true",
+    ]
+
+
 def kubeconfig(server: str, ca: Path, token: str) -> str:
     return json.dumps(
         {
@@ -232,17 +249,8 @@ class Cluster:
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
             f"--secure-port={self.api_port}",
-            f"--tls-cert-file={pki / 'apiserver.crt'}",
-            f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--client-ca-file={pki / 'ca.crt'}",
-            f"--token-auth-file={self.workdir / 'tokens.csv'}",
+            *apiserver_security(pki, self.workdir / "tokens.csv"),
             "--authorization-mode=RBAC",
-            "--service-account-issuer=https://kubernetes.default.svc",
-            f"--service-account-key-file={pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki / 'sa.key'}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--service-node-port-range=30000-32767",
-            "--allow-privileged=true",
             "--disable-admission-plugins=ServiceAccount",
             "--endpoint-reconciler-type=none",
             "--enable-priority-and-fairness=false",

@@ -217,17 +217,3 @@ state = "{d}/state"
             )
         )
         return pids
-
-    def images(self, holder: int, bins: Path) -> list[str]:
-        out = host.inside(
-            holder,
-            self.netns,
-            str(bins / "ctr"),
-            f"--address={self.sock}",
-            "-n",
-            "k8s.io",
-            "images",
-            "ls",
-            "-q",
-        )
-        return out.split()

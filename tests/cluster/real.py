@@ -28,7 +28,7 @@ import yaml
 
 from tests.cluster import host
 from tests.cluster.cluster import BIN as CP_BIN
-from tests.cluster.cluster import CACHE, K8S_VERSION, SERVICE_CIDR, kubeconfig, make_pki
+from tests.cluster.cluster import CACHE, K8S_VERSION, apiserver_security, kubeconfig, make_pki
 from tests.cluster.node import CLUSTER_CIDR, Node
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,11 +154,11 @@ def up(proxy: str = "pyproxy", mode: str = "iptables") -> None:
     STATE.mkdir(parents=True)
     ns = nodes()
     host.log("network namespaces: pyk-lan (control plane) and " + ", ".join(n.netns for n in ns))
-    host.make_network(LAN_IP, [(n.name, n.address, n.pod_cidr) for n in ns])
-    holder = host.start_holder(STATE)
-    st: dict[str, Any] = {"holder": holder, "pids": {}, "kubelets": []}
-    _save(st)
     try:
+        host.make_network(LAN_IP, [(n.name, n.address, n.pod_cidr) for n in ns])
+        holder = host.start_holder(STATE)
+        st: dict[str, Any] = {"holder": holder, "pids": {}, "kubelets": []}
+        _save(st)
         _control_plane(holder, st)
         host.log(f"control plane up at {SERVER} ({time.monotonic() - t0:.0f}s)")
         archives = sorted(IMAGES.glob("*.tar"))
@@ -175,7 +175,7 @@ def up(proxy: str = "pyproxy", mode: str = "iptables") -> None:
         host.log(f"cluster up in {took:.0f}s; admin kubeconfig {STATE / 'admin.kubeconfig'}")
     except BaseException:
         host.log("bring-up failed; logs in " + str(STATE))
-        for f in sorted(STATE.glob("**/*.log")):
+        for f in sorted([*STATE.glob("*.log"), *STATE.glob("node-*/*.log")]):
             tail = f.read_text(errors="replace").splitlines()[-15:]
             print(f"--- {f} (last lines)\n" + "\n".join(tail), file=sys.stderr)
         down()
@@ -218,18 +218,9 @@ def _control_plane(holder: int, st: dict[str, Any]) -> None:
         "--bind-address=0.0.0.0",
         f"--advertise-address={LAN_IP}",
         "--secure-port=6443",
-        f"--tls-cert-file={pki / 'apiserver.crt'}",
-        f"--tls-private-key-file={pki / 'apiserver.key'}",
-        f"--client-ca-file={pki / 'ca.crt'}",
-        f"--token-auth-file={STATE / 'tokens.csv'}",
+        *apiserver_security(pki, STATE / "tokens.csv"),
         "--authorization-mode=Node,RBAC",
         "--enable-admission-plugins=NodeRestriction",
-        "--service-account-issuer=https://kubernetes.default.svc",
-        f"--service-account-key-file={pki / 'sa.pub'}",
-        f"--service-account-signing-key-file={pki / 'sa.key'}",
-        f"--service-cluster-ip-range={SERVICE_CIDR}",
-        "--service-node-port-range=30000-32767",
-        "--allow-privileged=true",
         "--kubelet-preferred-address-types=InternalIP",
         "--v=1",
     )

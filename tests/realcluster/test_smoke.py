@@ -12,65 +12,31 @@ from typing import Any
 import pytest
 
 from tests.cluster import host, real
-from tests.realcluster import kernel
-
-AGNHOST = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
-
-
-def pod(
-    name: str, node: str, args: list[str], labels: dict[str, str] | None = None
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "labels": labels or {}},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "c", "image": AGNHOST, "args": args}],
-        },
-    }
+from tests.realcluster import kernel, objects
 
 
 @pytest.fixture(scope="module")
 def service(cluster: dict[str, str]) -> dict[str, Any]:
-    import json
-
-    objs = [
-        pod("server", "node-b", ["netexec", "--http-port=8080"], {"app": "smoke"}),
-        pod("client", "node-a", ["pause"]),
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": "smoke", "namespace": "default"},
-            "spec": {
-                "type": "NodePort",
-                "selector": {"app": "smoke"},
-                "ports": [{"port": 80, "targetPort": 8080, "protocol": "TCP"}],
-            },
-        },
-    ]
-    real.kubectl(
-        "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs})
-    )
-    real.kubectl(
-        "wait", "--for=condition=Ready", "pod/server", "pod/client", "--timeout=180s", timeout=200
+    objects.apply_ready(
+        objects.pod("server", "node-b", ["netexec", "--http-port=8080"], {"app": "smoke"}),
+        objects.pod("client", "node-a", ["pause"]),
+        objects.nodeport("smoke", "smoke"),
     )
     svc = real.get("service", "smoke")
     server = real.get("pod", "server")
     assert server["spec"]["nodeName"] == "node-b"
+
     # The EndpointSlice names exactly the server pod, ready.
+    def endpoints() -> list[tuple[list[str], bool]]:
+        slices = real.get("endpointslices", "-l", "kubernetes.io/service-name=smoke")["items"]
+        return [
+            (e["addresses"], e["conditions"].get("ready"))
+            for s in slices
+            for e in s.get("endpoints") or []
+        ]
+
     real.wait(
-        lambda: (
-            [
-                (e["addresses"], e["conditions"].get("ready"))
-                for s in real.get("endpointslices", "-l", "kubernetes.io/service-name=smoke")[
-                    "items"
-                ]
-                for e in s.get("endpoints") or []
-            ]
-            == [([server["status"]["podIP"]], True)]
-        ),
+        lambda: endpoints() == [([server["status"]["podIP"]], True)],
         "the EndpointSlice of smoke",
         60,
     )

@@ -25,52 +25,21 @@ from typing import Any
 import pytest
 
 from tests.cluster import host, real
-from tests.realcluster import kernel
+from tests.realcluster import kernel, objects
 
-AGNHOST = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
 MAX_ITERATIONS = 6000  # a bound on the client's loop: it stops by itself
 DWELL = 15  # seconds of load before the first switch, after each, and after the last
 
 
-def _manifest() -> str:
-    def server(name: str, node: str) -> dict[str, Any]:
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default", "labels": {"app": "switch"}},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "terminationGracePeriodSeconds": 1,
-                "containers": [
-                    {"name": "c", "image": AGNHOST, "args": ["netexec", "--http-port=8080"]}
-                ],
-            },
-        }
-
-    client = server("switch-client", "node-a")
-    client["metadata"]["labels"] = {}
-    client["spec"]["containers"][0]["args"] = ["pause"]
-    svc = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "switch", "namespace": "default"},
-        "spec": {
-            "type": "NodePort",
-            "selector": {"app": "switch"},
-            "ports": [{"port": 80, "targetPort": 8080, "protocol": "TCP"}],
-        },
-    }
-    items = [server("switch-a", "node-a"), server("switch-b", "node-b"), client, svc]
-    return json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
-
-
 def test_switch_kube_proxy_to_pyproxy_and_back_under_load(cluster: dict[str, str]) -> None:
     real.use_proxy("kube-proxy", "iptables")
-    real.kubectl("apply", "-f", "-", stdin=_manifest())
-    real.kubectl(
-        "wait", "--for=condition=Ready", "pod/switch-a", "pod/switch-b", "pod/switch-client",
-        "--timeout=180s", timeout=200,
-    )  # fmt: skip
+    server = ["netexec", "--http-port=8080"]
+    objects.apply_ready(
+        objects.pod("switch-a", "node-a", server, {"app": "switch"}),
+        objects.pod("switch-b", "node-b", server, {"app": "switch"}),
+        objects.pod("switch-client", "node-a", ["pause"]),
+        objects.nodeport("switch", "switch"),
+    )
     svc = real.get("service", "switch")
     cip, np = svc["spec"]["clusterIP"], svc["spec"]["ports"][0]["nodePort"]
     node_b = real.nodes()[1].address
