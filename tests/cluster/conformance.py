@@ -37,7 +37,7 @@ SKIP = (
     r"\[Serial\]|\[Disruptive\]|\[Feature:|\[FeatureGate:|\[Alpha\]|\[Beta\]|\[Slow\]"
     r"|IPv6|DualStack"
 )
-RUNS = ("kube-proxy:iptables", "pyproxy:iptables", "pyproxy:nftables")
+RUNS = ("kube-proxy:iptables", "pyproxy:iptables", "kube-proxy:nftables", "pyproxy:nftables")
 DEFAULT_OUT = real.ROOT / "build" / "conformance"
 
 
