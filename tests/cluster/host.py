@@ -169,7 +169,8 @@ def make_cgroups(name: str) -> None:
 
 
 def machine_facts() -> dict[str, str]:
-    """What a cluster must not change on the machine (read only: nothing here writes)."""
+    """What a cluster must not change on the machine (read only: nothing here writes):
+    sysctls, addresses, routes, rules, namespaces and mounts."""
     facts = {f"sysctl {p}": Path(f"/proc/sys/{p}").read_text() for p in MASKED_SYSCTLS}
     for p in ("net/ipv4/ip_forward", "net/netfilter/nf_conntrack_max"):
         f = Path(f"/proc/sys/{p}")
@@ -181,6 +182,15 @@ def machine_facts() -> dict[str, str]:
         out = subprocess.run([tool], capture_output=True, text=True).stdout
         facts[tool] = "\n".join(line for line in out.splitlines() if not line.startswith("#"))
     facts["netns"] = " ".join(sorted(netns_names()))
+    # The machine's mount table (mount point, type, source): nothing propagated out of the
+    # cluster's mount namespace, nothing left mounted. /run/netns is iproute2's own, made by
+    # the first `ip netns add` on a machine and kept.
+    mounts = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, right = line.split(" - ", 1)
+        if left.split()[4] != "/run/netns":
+            mounts.append(f"{left.split()[4]} {' '.join(right.split()[:2])}")
+    facts["mounts"] = "\n".join(sorted(mounts))
     return facts
 
 
