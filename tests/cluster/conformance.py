@@ -205,7 +205,7 @@ def main(argv: list[str]) -> int:
         all_results[name] = results(junit, a.focus)
         summarize(all_results, durations, a.out)
         print(f"conformance {proxy} {mode}: {line_for(name, all_results[name])}", flush=True)
-    print(f"summary: {a.out / 'summary.md'}")
+    print(f"summary: {a.out / 'summary.md'}; the cluster stays up (make cluster-down removes it)")
     for proxy, mode in runs:
         name = f"{proxy}:{mode}"
         print(f"conformance {proxy} {mode}: {line_for(name, all_results[name])}")
