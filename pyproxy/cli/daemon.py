@@ -48,10 +48,10 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 FAILURES_BEFORE_EVENT = 3
-# What a start in each mode removes first, as upstream's platformCleanup does
+# What a start in each mode removes, as upstream's platformCleanup does
 # (cmd/kube-proxy/app/server_linux.go): nftables mode the iptables and IPVS modes' objects,
-# the iptables-based modes the nftables table. They carry kube-proxy's names, so this is also
-# what lets an operator switch a node from kube-proxy in one mode to pyproxy in another.
+# the iptables-based modes the nftables table (pyproxy after its first full sync, below).
+# They carry kube-proxy's names, so this also cleans a node kube-proxy served in another mode.
 LEFTOVERS = {"nftables": ("iptables", "ipvs"), "iptables": ("nftables",), "ipvs": ("nftables",)}
 
 
