@@ -168,7 +168,7 @@ def up(proxy: str = "pyproxy", mode: str = "iptables") -> None:
             st["kubelets"].append(pids[1])
             _save(st)
             host.log(f"{n.name}: containerd and kubelet started, {len(archives)} images imported")
-        wait(_nodes_ready, "both nodes Ready", 180)
+        wait(nodes_ready, "both nodes Ready", 180)
         host.log(f"nodes Ready ({time.monotonic() - t0:.0f}s)")
         use_proxy(proxy, mode)
         took = time.monotonic() - t0
@@ -253,16 +253,14 @@ def _control_plane(holder: int, st: dict[str, Any]) -> None:
     )
 
 
-def _nodes_ready() -> bool:
-    items = get("nodes")["items"]
-    ready = {
-        n["metadata"]["name"]
-        for n in items
-        if any(
-            c["type"] == "Ready" and c["status"] == "True"
-            for c in n["status"].get("conditions", [])
-        )
-    }
+def is_ready(obj: dict[str, Any]) -> bool:
+    """A Node's or Pod's Ready condition is True."""
+    conditions = obj["status"].get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def nodes_ready() -> bool:
+    ready = {n["metadata"]["name"] for n in get("nodes")["items"] if is_ready(n)}
     return ready == set(NODE_NAMES)
 
 
@@ -320,15 +318,8 @@ def proxy_pods(proxy: str) -> dict[str, dict[str, Any]]:
     _, selector = DAEMONSETS[proxy]
     out = {}
     for p in get("pods", "-n", "kube-system", "-l", selector)["items"]:
-        ready = any(
-            c["type"] == "Ready" and c["status"] == "True"
-            for c in p["status"].get("conditions", [])
-        )
-        if (
-            p["status"].get("phase") == "Running"
-            and ready
-            and "deletionTimestamp" not in p["metadata"]
-        ):
+        running = p["status"].get("phase") == "Running"
+        if running and is_ready(p) and "deletionTimestamp" not in p["metadata"]:
             out[p["spec"]["nodeName"]] = p
     return out
 

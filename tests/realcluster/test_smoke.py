@@ -44,7 +44,7 @@ def service(cluster: dict[str, str]) -> dict[str, Any]:
 
 
 def test_nodes_ready_and_pyproxy_on_every_node(cluster: dict[str, str]) -> None:
-    assert real._nodes_ready()
+    assert real.nodes_ready()
     # The kubelets wrote their host-wide sysctls, and the writes went to the cluster's masks
     # (test_teardown.py checks that the machine's values did not move).
     assert host.masked_values(real.STATE) == host.MASKED_SYSCTLS
