@@ -65,6 +65,8 @@ class SyncRequest:
     state: ProxyState
     changed: frozenset[NamespacedName] = frozenset()
     full: bool = True
+    reason: str = ""
+    """Why ``full`` (the syncer's reason: "start", "periodic", "service CIDRs changed", ...)."""
 
 
 @dataclass(frozen=True)

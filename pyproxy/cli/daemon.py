@@ -136,7 +136,8 @@ class Daemon:
     def _on_sync(self, rec: SyncRecord) -> None:
         self.metrics.observe(rec)
         self.last_sync = {"finished": rec.finished, "seconds": round(rec.duration, 6),
-                          "full": rec.full, "ok": rec.ok, "error": rec.error or None,
+                          "full": rec.full, "fullReason": rec.reason or None, "ok": rec.ok,
+                          "error": rec.error or None,
                           "serviceChanges": rec.service_changes,
                           "endpointChanges": rec.endpoint_changes}  # fmt: skip
         self.metrics.pending(*self.tracker.pending_counts())

@@ -47,6 +47,8 @@ class SyncRecord:
     kept."""
     changed: frozenset[NamespacedName] = frozenset()
     """The services this sync's changes touched (all of them matter after a full sync)."""
+    reason: str = ""
+    """Why it was (or was to be) full; "" for a partial sync."""
 
 
 @dataclass
@@ -72,8 +74,11 @@ class Syncer:
         self.full_sync_period = full_sync_period
         self._clock = clock
         self._wall = wall
-        self._need_full = True
-        self._full_reason = "start"
+        self._requested: str | None = "start"
+        """Why the next sync must be full (None: nothing asked); guarded by _request_lock."""
+        self._request_lock = threading.Lock()
+        self.last_full_reason = ""
+        """Why the last sync was full ("" after a partial one), for /debug/state."""
         self._last_full: float | None = None
         self._lock = threading.Lock()
         self.stats = SyncStats()
@@ -81,9 +86,14 @@ class Syncer:
         self._warned_uninitialized = False
 
     def request_full(self, reason: str) -> None:
-        """Make the next sync a full one (thread-safe: a flag the next sync consumes)."""
-        self._full_reason = reason
-        self._need_full = True
+        """Make the next sync a full one. Called from other threads (the drift check) while a
+        sync runs: the request and its consumption are each one step under a lock of their
+        own, so a request is either taken by the sync that reads it or left for the next,
+        never lost (the sync's own lock is held for a whole sync: waiting on it would hold
+        up the caller for as long)."""
+        with self._request_lock:
+            if self._requested is None:
+                self._requested = reason
 
     def sync(self) -> bool:
         """Called by the runner; False when there is nothing to sync yet. Raises BackendError
@@ -101,15 +111,12 @@ class Syncer:
     def _sync_locked(self) -> None:
         start = self._clock()
         taken = self._wall()
+        with self._request_lock:
+            requested, self._requested = self._requested, None
         changes = self.tracker.take()
-        last_full = self._last_full
-        full = self._need_full or changes.node_changed or last_full is None
-        if last_full is not None and not full and start - last_full >= self.full_sync_period:
-            full, self._full_reason = True, "periodic"
-        if changes.node_changed and not self._need_full:
-            self._full_reason = "node labels changed"
-        reason, self._need_full = self._full_reason, False
-        request = SyncRequest(changes.state, changes.changed_services, full)
+        reason = self._full_reason(start, requested, changes.full_reason)
+        full = bool(reason)
+        request = SyncRequest(changes.state, changes.changed_services, full, reason)
         try:
             result = self.backend.sync(request)
         except Exception as err:
@@ -127,12 +134,15 @@ class Syncer:
                     changes.service_changes,
                     changes.endpoint_changes,
                     error=msg,
+                    reason=reason,
                 )
             )
             raise BackendError(msg) from err
         end_wall, end = self._wall(), self._clock()
         if result.full:
             self._last_full = start
+            reason = reason or "the backend needed one"
+        self.last_full_reason = reason if result.full else ""
         latencies = [end_wall - t for times in changes.trigger_times.values() for t in times]
         if not latencies and changes.first_seen is not None:
             latencies = [end - changes.first_seen]
@@ -148,6 +158,7 @@ class Syncer:
             result=result,
             state=changes.state,
             changed=changes.changed_services,
+            reason=self.last_full_reason,
         )
         self._record(rec)
         idle = not result.full and not changes.changed_services
@@ -158,8 +169,22 @@ class Syncer:
             rec.duration,
             changes.service_changes,
             changes.endpoint_changes,
-            f" ({reason if full else 'the backend needed one'})" if result.full else "",
+            f" ({reason})" if result.full else "",
         )
+
+    def _full_reason(self, now: float, requested: str | None, from_changes: str) -> str:
+        """Why this sync must be full, or "" (partial): asked for (start, a failed sync, the
+        drift check), the node's labels or the service CIDRs changed, or an hour since the
+        last full sync."""
+        if requested:
+            return requested
+        if from_changes:
+            return from_changes
+        if self._last_full is None:
+            return "start"
+        if now - self._last_full >= self.full_sync_period:
+            return "periodic"
+        return ""
 
     def _record(self, rec: SyncRecord) -> None:
         s = self.stats

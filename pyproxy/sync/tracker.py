@@ -54,8 +54,9 @@ class Changes:
     """Services whose Service object or endpoints differ from the last sync."""
     service_changes: int
     endpoint_changes: int
-    node_changed: bool
-    """The node's labels or the cluster's service CIDRs changed: a full sync is due."""
+    full_reason: str
+    """Why a full sync is due ("node labels changed", "service CIDRs changed", both joined
+    by a comma), or "" when a partial sync will do."""
     trigger_times: Mapping[NamespacedName, tuple[float, ...]] = field(default_factory=dict)
     """EndpointSlice last-change-trigger-time (wall clock) per changed service."""
     first_seen: float | None = None
@@ -97,7 +98,7 @@ class ChangeTracker:
         self._pending_endpoints: dict[NamespacedName, EndpointsOfService] = {}
         self._trigger_times: dict[NamespacedName, list[float]] = {}
         self._first_seen: float | None = None
-        self._node_changed = False
+        self._cidrs_changed = False
         self._synced_kinds: set[str] = set()
         self._warned_orphans: set[NamespacedName] = set()
         self.skipped: Counter[str] = Counter()
@@ -301,11 +302,15 @@ class ChangeTracker:
             info = NodeInfo(name=self.node_name, labels={}, exists=False)
         if info == self._node:
             return False
-        self._node_changed = dict(info.labels) != dict(self._synced_node_labels)
-        if self._node_changed and self._first_seen is None:
+        # Whether the labels differ from what the last sync saw is decided by take(): an
+        # assignment here would erase a full sync another change (a ServiceCIDR) set up.
+        if self._labels_changed(info) and self._first_seen is None:
             self._first_seen = self._clock()
         self._node = info
         return True
+
+    def _labels_changed(self, node: NodeInfo) -> bool:
+        return dict(node.labels) != dict(self._synced_node_labels)
 
     def _on_service_cidr(self, obj: Mapping[str, Any], deleted: bool) -> bool:
         try:
@@ -321,7 +326,7 @@ class ChangeTracker:
             self._service_cidrs[name] = cidrs
         else:
             self._service_cidrs.pop(name, None)
-        self._node_changed = True  # the static part of the rules changes: a full sync
+        self._cidrs_changed = True  # the static part of the rules changes: a full sync
         if self._first_seen is None:
             self._first_seen = self._clock()
         return True
@@ -356,7 +361,7 @@ class ChangeTracker:
                 ),
                 service_changes=len(self._pending_services),
                 endpoint_changes=len(self._pending_endpoints),
-                node_changed=self._node_changed,
+                full_reason=self._full_reason_locked(),
                 trigger_times={
                     k: tuple(v)
                     for k, v in self._trigger_times.items()
@@ -369,8 +374,20 @@ class ChangeTracker:
             self._pending_endpoints.clear()
             self._trigger_times.clear()
             self._first_seen = None
-            self._node_changed = False
+            self._cidrs_changed = False
             return result
 
+    def _full_reason_locked(self) -> str:
+        reasons = [
+            *(["node labels changed"] if self._labels_changed(self._node) else []),
+            *(["service CIDRs changed"] if self._cidrs_changed else []),
+        ]
+        return ", ".join(reasons)
+
     def _pending_any(self) -> bool:
-        return bool(self._pending_services or self._pending_endpoints or self._node_changed)
+        return bool(
+            self._pending_services
+            or self._pending_endpoints
+            or self._cidrs_changed
+            or self._labels_changed(self._node)
+        )

@@ -110,9 +110,9 @@ def test_replace_deletes_missing_objects() -> None:
 
 def test_node_label_change_requests_full_sync() -> None:
     t = tracker_with("n1", node("n1", zone="a"))
-    assert t.take().node_changed
+    assert t.take().full_reason == "node labels changed"
     t.apply(ev("Node", EventType.MODIFIED, node("n1", zone="b")))
-    assert t.take().node_changed
+    assert t.take().full_reason == "node labels changed"
     t.apply(ev("Node", EventType.MODIFIED, node("other", zone="c")))  # not us: ignored
     assert t.node.zone == "b"
 
@@ -121,3 +121,35 @@ def test_ignored_by_proxy_name_label() -> None:
     labelled = svc(labels={"service.kubernetes.io/service-proxy-name": "x"})
     t = tracker_with("n1", labelled)
     assert not t.current_state().services
+
+
+def cidr(*ranges: str, name: str = "kubernetes") -> dict:
+    return {"kind": "ServiceCIDR", "metadata": {"name": name}, "spec": {"cidrs": list(ranges)}}
+
+
+def test_service_cidr_change_then_node_update_still_asks_for_a_full_sync() -> None:
+    """A ServiceCIDR change sets up a full sync; a Node update that arrives before the sync
+    (its addresses, say: labels unchanged) must not take that back."""
+    t = tracker_with("n1", node("n1", zone="a"), cidr("10.96.0.0/16"))
+    t.take()
+    t.apply(ev("ServiceCIDR", EventType.MODIFIED, cidr("10.96.0.0/16", "10.97.0.0/16")))
+    t.apply(ev("Node", EventType.MODIFIED, node("n1", zone="a", addresses=["192.0.2.1"])))
+    ch = t.take()
+    assert ch.full_reason == "service CIDRs changed"
+    assert t.take().full_reason == ""
+
+
+def test_node_labels_changed_and_back_before_a_sync_need_no_full_sync() -> None:
+    t = tracker_with("n1", node("n1", zone="a"))
+    t.take()
+    t.apply(ev("Node", EventType.MODIFIED, node("n1", zone="b")))
+    t.apply(ev("Node", EventType.MODIFIED, node("n1", zone="a")))
+    assert t.take().full_reason == ""
+
+
+def test_node_label_change_and_cidr_change_name_both_reasons() -> None:
+    t = tracker_with("n1", node("n1", zone="a"), cidr("10.96.0.0/16"))
+    t.take()
+    t.apply(ev("Node", EventType.MODIFIED, node("n1", zone="b")))
+    t.apply(ev("ServiceCIDR", EventType.DELETED, cidr("10.96.0.0/16")))
+    assert t.take().full_reason == "node labels changed, service CIDRs changed"
