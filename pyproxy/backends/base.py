@@ -80,6 +80,8 @@ class SyncResult:
     """Services with a Local policy and no local endpoint, by ("internal"|"external", family)."""
     sync_again_in: float | None = None
     """Seconds after which the backend has deferred work (None: none)."""
+    reason: str = ""
+    """Why it was full, when the backend decided so itself (a failed partial write, ...)."""
 
 
 TEXT_KEPT = 256 * 1024

@@ -141,7 +141,7 @@ class Syncer:
         end_wall, end = self._wall(), self._clock()
         if result.full:
             self._last_full = start
-            reason = reason or "the backend needed one"
+            reason = reason or result.reason or "the backend needed one"
         self.last_full_reason = reason if result.full else ""
         latencies = [end_wall - t for times in changes.trigger_times.values() for t in times]
         if not latencies and changes.first_seen is not None:

@@ -129,7 +129,7 @@ def measure_partials(
             new_entry = add[key]
             assert new_entry is not None
             full = Rendered(
-                base.cfg, base.node, base.large, base.static_filter, base.static_nat, base.tail,
+                base.cfg, base.facts, base.static_filter, base.static_nat, base.tail,
                 {**base.entries, key: new_entry},
             )  # fmt: skip
             for name, text in (
@@ -163,7 +163,7 @@ def main() -> int:
     print(f"rendering {n} services x {e} endpoints ...", flush=True)
     t0 = time.monotonic()
     renderer = Renderer(cfg)
-    base = renderer.full(state(n, e))
+    base = renderer.render(state(n, e))
     rules = sum(base.counts.values())
     print(f"  render: {time.monotonic() - t0:.2f}s, {rules} rules", flush=True)
     results = {} if args.partials_only else measure_loads(base, args.backend)

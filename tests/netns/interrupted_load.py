@@ -18,6 +18,7 @@ from pyproxy.backends.iptables import backend as iptables_backend
 from pyproxy.backends.iptables.backend import IptablesBackend
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.kernel.iptables import Iptables, IptablesError
+from pyproxy.model.types import IPFamily
 from pyproxy.sources.manifests import ManifestsSource
 from pyproxy.sync.tracker import ChangeTracker
 from tests.netns.world import CLUSTER_CIDR
@@ -47,11 +48,9 @@ def main() -> int:
     tracker = ChangeTracker("node-a")
     ManifestsSource(Path(args.manifests), tracker.apply).initial()
     cfg = ProxyConfig(cluster_cidrs=(ipaddress.ip_network(CLUSTER_CIDR),), iptables_backend="nft")
-    backend = IptablesBackend(cfg)
-    (fam,) = [f for f in backend._setup() if f.family.value == "IPv4"]
     failing = Failing("nft")
     object.__setattr__(failing, "left", [args.fail_after])
-    fam.ipt = failing
+    backend = IptablesBackend(cfg, tables={IPFamily.IPV4: failing})
     out: dict[str, Any] = {}
     state = tracker.current_state()
     try:
@@ -59,8 +58,9 @@ def main() -> int:
         out["first"] = "ok"
     except BackendError as err:
         out["first"] = str(err)
-    assert fam.programmed is not None
-    out["transactions"] = len(fam.programmed.batches(max_lines=args.batch_lines))
+    programmed = backend.programmed(IPFamily.IPV4)
+    assert programmed is not None
+    out["transactions"] = len(programmed.batches(max_lines=args.batch_lines))
     out["nat"] = Iptables("nft").save("nat")
     json.dump(out, sys.stdout)
     return 0

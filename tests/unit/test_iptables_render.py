@@ -257,7 +257,7 @@ def test_repeated_sync_first_state_matches_upstream() -> None:
 
 def partial(before: list[dict], after: list[dict], changed: set[NamespacedName]) -> str:
     renderer = Renderer(CFG)
-    programmed = renderer.full(tracker_with(NODE, *before).current_state())
+    programmed = renderer.render(tracker_with(NODE, *before).current_state())
     updates = renderer.updates(tracker_with(NODE, *after).current_state(), changed, programmed)
     assert updates is not None
     return partial_text(programmed, updates)

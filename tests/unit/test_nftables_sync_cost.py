@@ -7,11 +7,14 @@ logic; ``tests/netns/test_nftables.py`` proves the same transactions in a kernel
 
 from __future__ import annotations
 
+import pytest
+
+from pyproxy.backends.base import BackendError
 from pyproxy.backends.nftables import names
-from pyproxy.backends.nftables.backend import NftablesBackend, _Family
-from pyproxy.backends.nftables.table import Renderer
+from pyproxy.backends.nftables import transactions as tx
+from pyproxy.backends.nftables.backend import NftablesBackend
 from pyproxy.config.settings import ProxyConfig
-from pyproxy.kernel.nft import Nft
+from pyproxy.kernel.nft import Nft, NftError
 from pyproxy.model.events import KINDS, Event, EventType
 from pyproxy.model.types import IPFamily, NamespacedName, Protocol, ServicePortName
 from pyproxy.sync.syncer import Syncer
@@ -55,10 +58,8 @@ def world() -> tuple[ChangeTracker, Syncer, RecordingNft]:
             Event(kind, EventType.REPLACE, objects=[o for o in objs if o["kind"] == kind])
         )
         tracker.apply(Event(kind, EventType.SYNCED))
-    backend = NftablesBackend(ProxyConfig())
     nft = RecordingNft()
-    cfg = backend.configs[IPFamily.IPV4]
-    backend._nft, backend._families = nft, [_Family(cfg, Renderer(cfg))]
+    backend = NftablesBackend(ProxyConfig(), nft=nft)
     syncer = Syncer(tracker, backend)
     syncer.sync()
     assert syncer.stats.full_syncs == 1
@@ -129,3 +130,66 @@ def test_an_idle_sync_writes_nothing() -> None:
         syncer.sync()
     assert nft.runs == []
     assert nft.listings == 0
+
+
+class RefusingNft(RecordingNft):
+    """Refuses the next ``refuse`` transactions, as a kernel refusing them would (nothing
+    of a refused transaction is applied)."""
+
+    refuse = 0
+
+    def run(self, text: str, flags: int = 0, fresh: bool = False) -> str:
+        if self.refuse > 0:
+            self.refuse -= 1
+            raise NftError("Error: Could not process rule: No such file or directory")
+        return super().run(text, flags, fresh)
+
+
+def test_a_partial_transaction_changes_nothing_before_the_kernel_accepts_it() -> None:
+    """Building the transaction must leave the table and the mirror as they are: the kernel
+    may refuse it."""
+    tracker, syncer, _ = world()
+    backend = syncer.backend
+    assert isinstance(backend, NftablesBackend)
+    fam = backend.writers()[0]
+    assert fam.family is IPFamily.IPV4
+    programmed = backend.programmed(IPFamily.IPV4)
+    assert programmed is not None
+    tracker.apply(Event("Service", EventType.DELETED, objects(N)[2 * 5]))
+    changes = tracker.take()
+    updates = fam.cache.updates(changes.state, changes.changed_services, programmed)
+    assert updates
+    entries, elements = dict(programmed.entries), dict(fam.mirror.elements)
+    contributions = {k: dict(v) for k, v in programmed.contributions.items()}
+    written = tx.partial(programmed, updates, fam.mirror)
+    assert f"flush chain {T} {chain(5)}" in written.text.splitlines()
+    assert programmed.entries == entries and fam.mirror.elements == elements
+    assert {k: dict(v) for k, v in programmed.contributions.items()} == contributions
+    assert fam.mirror.stale_chains == {}
+
+
+def test_a_refused_sync_leaves_the_view_and_the_next_one_repairs_it() -> None:
+    tracker, syncer, _ = world()
+    backend = syncer.backend
+    assert isinstance(backend, NftablesBackend)
+    nft = RefusingNft()
+    refusing = NftablesBackend(ProxyConfig(), nft=nft)
+    syncer = Syncer(tracker, refusing)
+    syncer.sync()
+    fam = refusing.writers()[0]
+    assert fam.family is IPFamily.IPV4
+    before = dict(fam.mirror.elements)
+    nft.runs.clear()
+    tracker.apply(Event("Service", EventType.DELETED, objects(N)[2 * 5]))
+    nft.refuse = 2  # the partial transaction, then the full one it falls back to
+    with pytest.raises(BackendError):
+        syncer.sync()
+    assert nft.runs == []
+    # Nothing was flushed, nothing is waiting to be deleted, the elements are as written.
+    assert fam.mirror.stale_chains == {} and fam.mirror.elements == before
+    syncer.sync()  # the kernel takes it now: a full sync, without the deleted service
+    (text,) = [t for t in nft.runs if t.startswith(f"add table {T} ")]
+    assert syncer.last_full_reason == "previous sync failed"
+    assert f"add element {T} cluster-ips {{ 10.96.0.5 }}" not in text.splitlines()
+    assert f"add element {T} cluster-ips {{ 10.96.0.6 }}" in text.splitlines()
+    assert ("cluster-ips", "10.96.0.5") not in fam.mirror.elements

@@ -12,7 +12,7 @@ from ipaddress import ip_address
 from typing import Any
 
 from pyproxy.backends.iptables import names
-from pyproxy.backends.iptables.backend import IptablesBackend, _Family
+from pyproxy.backends.iptables.backend import IptablesBackend
 from pyproxy.backends.iptables.table import Renderer
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.kernel.iptables import Iptables
@@ -68,12 +68,10 @@ def world() -> tuple[ChangeTracker, Syncer, RecordingIptables, Renderer]:
             Event(kind, EventType.REPLACE, objects=[o for o in objs if o["kind"] == kind])
         )
         tracker.apply(Event(kind, EventType.SYNCED))
-    backend = IptablesBackend(ProxyConfig())
     ipt = RecordingIptables()
-    cfg = backend.configs[IPFamily.IPV4]
-    renderer = Renderer(cfg)
-    backend._families = [_Family(cfg, ipt, renderer)]
-    return tracker, Syncer(tracker, backend), ipt, renderer
+    backend = IptablesBackend(ProxyConfig(), tables={IPFamily.IPV4: ipt})
+    (family,) = backend.writers()
+    return tracker, Syncer(tracker, backend), ipt, family.cache
 
 
 def test_a_one_service_change_renders_and_writes_one_service() -> None:

@@ -27,8 +27,8 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Collection
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping
+from typing import cast
 
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -41,6 +41,7 @@ from pyproxy.backends.base import (
     SyncResult,
     by_service_port,
 )
+from pyproxy.backends.engine.engine import DeleteConntrack, Engine
 from pyproxy.backends.iptables import names
 from pyproxy.backends.iptables.render import (
     FILTER_TOP,
@@ -50,10 +51,16 @@ from pyproxy.backends.iptables.render import (
     NAT_TOP,
     IptablesConfig,
 )
-from pyproxy.backends.iptables.table import Rendered, Renderer, Updates, partial_text
+from pyproxy.backends.iptables.table import (
+    Facts,
+    Rendered,
+    Renderer,
+    ServiceEntry,
+    Updates,
+    partial_text,
+)
 from pyproxy.backends.local_addresses import with_local_addresses
 from pyproxy.backends.metrics import FAMILY, RestoreFailures, SyncDurations
-from pyproxy.backends.stale_conntrack import stale_filters
 from pyproxy.backends.sysctls import require_sysctls
 from pyproxy.backends.trace import Packet, Trace
 from pyproxy.backends.xtables.compare import compare as xtables_compare
@@ -80,24 +87,55 @@ BATCH_LINES = 4_000
 """Rules per transaction of a large full sync on the nf_tables back end (see above)."""
 
 
-@dataclass
-class _Family:
-    cfg: IptablesConfig
-    ipt: Iptables
-    renderer: Renderer
-    programmed: Rendered | None = None
-    """The last rule set written; also the render cache of the next full sync."""
-    trusted: bool = False
-    """Whether the kernel holds ``programmed`` (False after a failed restore)."""
-    last_state: ProxyState | None = None
-    drift: DriftWatch = field(init=False)
+class IptablesFamily:
+    """One family's part of a sync (the engine's FamilyWriter): restore input from the
+    rendered table, applied through ``ipt``."""
 
-    def __post_init__(self) -> None:
-        self.drift = DriftWatch(self.ipt)
+    def __init__(self, backend: IptablesBackend, cfg: IptablesConfig, ipt: Iptables) -> None:
+        self.cfg = cfg
+        self.family = cfg.family
+        self.ipt = ipt
+        self.cache = Renderer(cfg)
+        self.drift = DriftWatch(ipt)
+        self._backend = backend
 
-    @property
-    def family(self) -> IPFamily:
-        return self.cfg.family
+    def table(
+        self, state: ProxyState, facts: Facts, entries: Mapping[NamespacedName, ServiceEntry]
+    ) -> Rendered:
+        return self.cache.table(state, facts, entries)
+
+    def static_inputs(self, state: ProxyState) -> tuple[()]:
+        return ()
+
+    def before_partial(self, programmed: Rendered, now: float) -> str:
+        return ""
+
+    def deferred_until(self) -> float | None:
+        return None
+
+    def write_partial(self, programmed: Rendered, updates: Updates) -> Callable[[], None]:
+        text = partial_text(programmed, updates)
+        if text:
+            self._backend.restore(self, text, partial=True)
+        return lambda: self._backend.count(self, programmed, [text] if text else [])
+
+    def write_full(self, new: Rendered, reason: str) -> None:
+        ensure_canary(self.ipt)
+        try:
+            existing = chains_in_save(self.ipt.save("nat"))
+        except IptablesError as err:
+            log.error("iptables-save failed, stale chains stay until the next full sync: %s", err)
+            existing = set()
+        stale = {c for c in existing if names.is_service_chain(c)} - new.service_chains()
+        batch = BATCH_LINES if self.ipt.backend == "nft" else None
+        texts = new.batches(delete_chains=stale, max_lines=batch)
+        for i, text in enumerate(texts):
+            self._backend.restore(self, text)
+            if len(texts) > 1:
+                log.info("full sync: transaction %d of %d applied", i + 1, len(texts))
+        declared = {("filter", c) for c in new.filter_chain_names()} | {("nat", c) for c in NAT_TOP}
+        ensure_jumps(self.ipt, self.cfg.jump_rules(), declared)
+        self._backend.count(self, new, texts)
 
 
 def _written(texts: Collection[str]) -> Counter[str]:
@@ -135,10 +173,19 @@ class IptablesMetrics:
 class IptablesBackend(Backend):
     mode = "iptables"
 
-    def __init__(self, cfg: ProxyConfig) -> None:
+    def __init__(
+        self,
+        cfg: ProxyConfig,
+        tables: Mapping[IPFamily, Iptables] | None = None,
+        delete_conntrack: DeleteConntrack = conntrack.delete,
+    ) -> None:
+        """``tables`` and ``delete_conntrack`` are the kernel ports (default: the host's
+        iptables back end chosen by the configuration, and the conntrack tool)."""
         self.proxy = cfg
+        self._tables = tables
+        self._delete_conntrack = delete_conntrack
         self.configs = {f: IptablesConfig(family=f, proxy=cfg) for f in FAMILIES}
-        self._families: list[_Family] | None = None
+        self._engine: Engine[Rendered] | None = None
         self.metrics: IptablesMetrics | None = None
         self._writing = threading.Lock()
         """Held by a sync; the drift check waits for it (a half-written table is no drift)."""
@@ -156,7 +203,7 @@ class IptablesBackend(Backend):
             tool = "ip6tables-restore" if family is IPFamily.IPV6 else "iptables-restore"
             parts.append(
                 f"# {family.value}: input for {tool} --noflush\n"
-                + Renderer(self.configs[family]).full(state).text()
+                + Renderer(self.configs[family]).render(state).text()
             )
         return "".join(parts)
 
@@ -166,13 +213,13 @@ class IptablesBackend(Backend):
         tables = open_tables(self.proxy.iptables_backend, FAMILIES, self.mode, writes=False)
         for family, ipt in tables.items():
             cfg = self.configs[family]
-            out += xtables_compare(ipt, Renderer(cfg).full(state).text(), cfg.jump_rules())
+            out += xtables_compare(ipt, Renderer(cfg).render(state).text(), cfg.jump_rules())
         return out
 
     def trace(self, state: ProxyState, packet: Packet) -> Trace:
         cfg = self.configs[packet.family]
         walker = self.walker(state, packet.family, lambda: Walker(
-            Renderer(cfg).full(state).text(), cfg.jump_rules(), state.node.local_addresses,
+            Renderer(cfg).render(state).text(), cfg.jump_rules(), state.node.local_addresses,
             cfg.mark))  # fmt: skip
         return Trace(packet, self.mode, tuple(walker.walk(packet)))
 
@@ -194,134 +241,54 @@ class IptablesBackend(Backend):
     def prepare(self) -> None:
         self._setup()
 
-    def _setup(self) -> list[_Family]:
-        if self._families is None:
-            tables = open_tables(self.proxy.iptables_backend, FAMILIES, self.mode)
-            self._families = [
-                _Family(self.configs[f], ipt, Renderer(self.configs[f]))
-                for f, ipt in tables.items()
-            ]
+    def _setup(self) -> list[IptablesFamily]:
+        return self.writers()
+
+    def writers(self) -> list[IptablesFamily]:
+        """Each family's part of a sync (sets up the kernel ports on first use)."""
+        return [cast(IptablesFamily, f.writer) for f in self._engine_set_up().families]
+
+    def _engine_set_up(self) -> Engine[Rendered]:
+        if self._engine is None:
+            tables = self._tables or open_tables(self.proxy.iptables_backend, FAMILIES, self.mode)
+            writers = [IptablesFamily(self, self.configs[f], ipt) for f, ipt in tables.items()]
             if self.configs[IPFamily.IPV4].localhost_enabled and IPFamily.IPV4 in tables:
                 require_sysctls([("net.ipv4.conf.all.route_localnet", "1")],
                                 "NodePorts on localhost",
                                 "pass --iptables-localhost-nodeports=false")  # fmt: skip
-        return self._families
+            self._engine = Engine(writers, self._delete_conntrack)
+        return self._engine
 
     def drifted(self) -> bool:
         """The canary (a family whose mangle KUBE-PROXY-CANARY chain is gone was flushed), or
         one of pyproxy's rules changed or deleted by someone else (DriftWatch): either needs a
         full sync. Never while a sync writes."""
         with self._writing:
-            for f in self._families or ():
-                if f.programmed is None or not f.trusted:
-                    continue
-                if not canary_present(f.ipt):
+            for writer, _ in self._engine.trusted() if self._engine else ():
+                fam = cast(IptablesFamily, writer)
+                if not canary_present(fam.ipt):
                     return True
-                if f.drift.changed():
+                if fam.drift.changed():
                     log.warning("%s: a rule of pyproxy's was changed or deleted (the canary "
-                                "is still there)", f.ipt.family_name)  # fmt: skip
+                                "is still there)", fam.ipt.family_name)  # fmt: skip
                     return True
             return False
 
     def sync(self, request: SyncRequest) -> SyncResult:
         with self._writing:
-            return self._sync(request)
+            start = time.monotonic()
+            engine = self._engine_set_up()
+            result = engine.sync(with_local_addresses(request.state, self.proxy), request)
+            if self.metrics is not None:
+                self.metrics.durations.observe(result.full, time.monotonic() - start,
+                                               result.families)  # fmt: skip
+            return result
 
-    def _sync(self, request: SyncRequest) -> SyncResult:
-        start = time.monotonic()
-        fams = self._setup()
-        state = with_local_addresses(request.state, self.proxy)
-        times = [0.0, 0.0]  # render, apply
-        did_full = False
-        no_local: dict[tuple[str, IPFamily], int] = {}
-        for fam in fams:
-            full, texts = self._sync_family(fam, state, request, times)
-            did_full = did_full or full
-            programmed = fam.programmed
-            assert programmed is not None
-            for policy, n in programmed.no_local.items():
-                no_local[(policy, fam.family)] = n
-            self._count(fam, programmed, texts)
-            self._clear_conntrack(fam, state, None if full else request.changed)
-            fam.last_state = state
-        families = tuple(f.family for f in fams)
-        if self.metrics is not None:
-            self.metrics.durations.observe(did_full, time.monotonic() - start, families)
-        return SyncResult(
-            full=did_full,
-            families=families,
-            render_seconds=times[0],
-            apply_seconds=times[1],
-            no_local_endpoints=no_local,
-        )
+    def programmed(self, family: IPFamily) -> Rendered | None:
+        """The rule set pyproxy last wrote (or tried to) for ``family``."""
+        return self._engine.programmed(family) if self._engine else None
 
-    def _sync_family(
-        self, fam: _Family, state: ProxyState, request: SyncRequest, times: list[float]
-    ) -> tuple[bool, list[str]]:
-        """(full?, transactions written); a partial sync falls back to a full one when the
-        changes need it or its restore fails."""
-        full = request.full or fam.programmed is None or not fam.trusted
-        if not full and fam.programmed is not None:
-            t0 = time.monotonic()
-            updates = fam.renderer.updates(state, request.changed, fam.programmed)
-            t1 = time.monotonic()
-            times[0] += t1 - t0
-            if updates is not None:
-                try:
-                    return False, self._partial(fam, fam.programmed, updates)
-                except BackendError as err:
-                    log.warning("partial sync failed (%s); doing a full sync", err)
-                finally:
-                    times[1] += time.monotonic() - t1
-        t0 = time.monotonic()
-        new = fam.renderer.full(state, fam.programmed)
-        t1 = time.monotonic()
-        try:
-            return True, self._full(fam, new)
-        finally:
-            times[0] += t1 - t0
-            times[1] += time.monotonic() - t1
-
-    def _partial(self, fam: _Family, programmed: Rendered, updates: Updates) -> list[str]:
-        text = partial_text(programmed, updates)
-        if text:
-            try:
-                self._restore(fam, text, partial=True)
-            except BackendError:
-                fam.trusted = False  # the kernel is not what we think: only a full sync now
-                raise
-        programmed.apply(updates)
-        return [text] if text else []
-
-    def _full(self, fam: _Family, new: Rendered) -> list[str]:
-        ensure_canary(fam.ipt)
-        try:
-            existing = chains_in_save(fam.ipt.save("nat"))
-        except IptablesError as err:
-            log.error("iptables-save failed, stale chains stay until the next full sync: %s", err)
-            existing = set()
-        stale = {c for c in existing if names.is_service_chain(c)} - new.service_chains()
-        batch = BATCH_LINES if fam.ipt.backend == "nft" else None
-        texts = new.batches(delete_chains=stale, max_lines=batch)
-        fam.programmed, fam.trusted = new, False
-        for i, text in enumerate(texts):
-            self._restore(fam, text)
-            if len(texts) > 1:
-                log.info("full sync: transaction %d of %d applied", i + 1, len(texts))
-        fam.trusted = True
-        declared = {("filter", c) for c in new.filter_chain_names()} | {("nat", c) for c in NAT_TOP}
-        ensure_jumps(fam.ipt, fam.cfg.jump_rules(), declared)
-        return texts
-
-    def _clear_conntrack(
-        self, fam: _Family, state: ProxyState, changed: Collection[NamespacedName] | None
-    ) -> None:
-        filters = stale_filters(fam.last_state, state, fam.family, changed)
-        if filters:
-            n = conntrack.delete(filters, ipv6=fam.family is IPFamily.IPV6)
-            log.info("cleared %d stale UDP conntrack entries (%s)", n, fam.family.value)
-
-    def _count(self, fam: _Family, programmed: Rendered, texts: list[str]) -> None:
+    def count(self, fam: IptablesFamily, programmed: Rendered, texts: list[str]) -> None:
         if self.metrics is None:
             return
         written = _written(texts)
@@ -329,7 +296,7 @@ class IptablesBackend(Backend):
             self.metrics.rules_total.labels(table, fam.family.value).set(programmed.counts[table])
             self.metrics.rules_last.labels(table, fam.family.value).set(written[table])
 
-    def _restore(self, fam: _Family, text: str, partial: bool = False) -> None:
+    def restore(self, fam: IptablesFamily, text: str, partial: bool = False) -> None:
         fam.drift.wrote()
         try:
             with self.transactions.applying(fam.ipt.restore_label, text):

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from pyproxy.backends.engine.cache import Entry, ServiceCache, ServiceTable
 from pyproxy.backends.iptables import names
 from pyproxy.backends.iptables.render import (
     FILTER_TOP,
@@ -32,7 +33,7 @@ from pyproxy.backends.iptables.render import (
     static_lines,
 )
 from pyproxy.backends.xtables.rules import KUBE_MARK_MASQ
-from pyproxy.model.types import NamespacedName, ProxyState
+from pyproxy.model.types import Endpoint, NamespacedName, ProxyState, ServicePort
 
 # Chains of one service in the order a cold start writes them: each jumps only to kinds
 # written before it (SVC/SVL -> SEP, EXT -> SVC/SVL, FW -> EXT).
@@ -40,76 +41,74 @@ CHAIN_ORDER = (names.SEP, names.SVC, names.SVL, names.EXT, names.FW)
 
 
 @dataclass(frozen=True)
-class ServiceEntry:
-    """One service's rendered rules and what they were rendered from."""
+class Facts:
+    """What every service's rules depend on besides its own ports and endpoints."""
 
-    key: tuple[object, ...]
-    render: ServiceRender
-    endpoints: int
-
-    def rule_counts(self) -> Counter[str]:
-        r = self.render
-        return Counter(
-            filter=sum(len(v) for v in r.top_filter.values()),
-            nat=sum(len(v) for v in r.top_nat.values()) + sum(len(v) for v in r.chains.values()),
-        )
+    node: NodeFacts
+    large: bool
+    """Upstream's large-cluster switch (more than 1,000 endpoints in the family): no
+    comments and no per-endpoint counters in the rules."""
 
 
+ServiceEntry = Entry[ServiceRender]
 Updates = Mapping[NamespacedName, ServiceEntry | None]
 
 
-@dataclass
-class Rendered:
+def _rule_counts(r: ServiceRender) -> Counter[str]:
+    return Counter(
+        filter=sum(len(v) for v in r.top_filter.values()),
+        nat=sum(len(v) for v in r.top_nat.values()) + sum(len(v) for v in r.chains.values()),
+    )
+
+
+class Rendered(ServiceTable[ServiceRender]):
     """A family's complete rule set: lines that depend on no service, and every service's."""
 
-    cfg: IptablesConfig
-    node: NodeFacts
-    large: bool
-    static_filter: dict[str, list[str]]
-    static_nat: dict[str, list[str]]
-    tail: list[str]
-    entries: dict[NamespacedName, ServiceEntry] = field(default_factory=dict)
-    endpoints: int = 0
-    counts: Counter[str] = field(default_factory=Counter)
-    no_local: Counter[str] = field(default_factory=Counter)
-
-    def __post_init__(self) -> None:
-        self.counts.update(
-            filter=sum(len(v) for v in self.static_filter.values()),
-            nat=sum(len(v) for v in self.static_nat.values()) + len(self.tail),
+    def __init__(
+        self,
+        cfg: IptablesConfig,
+        facts: Facts,
+        static_filter: dict[str, list[str]],
+        static_nat: dict[str, list[str]],
+        tail: list[str],
+        entries: Mapping[NamespacedName, ServiceEntry],
+    ) -> None:
+        self.cfg = cfg
+        self.static_filter = static_filter
+        self.static_nat = static_nat
+        self.tail = tail
+        self.counts: Counter[str] = Counter(
+            filter=sum(len(v) for v in static_filter.values()),
+            nat=sum(len(v) for v in static_nat.values()) + len(tail),
         )
-        for entry in self.entries.values():
-            self._count(entry, 1)
+        super().__init__(facts, entries)
+        self.facts: Facts = facts
+
+    @property
+    def node(self) -> NodeFacts:
+        return self.facts.node
+
+    @property
+    def large(self) -> bool:
+        return self.facts.large
 
     @property
     def services(self) -> dict[NamespacedName, ServiceRender]:
-        return {svc: e.render for svc, e in self.entries.items()}
+        return {svc: e.objects for svc, e in self.entries.items()}
 
     def _count(self, entry: ServiceEntry, sign: int) -> None:
-        self.endpoints += sign * entry.endpoints
-        for table, n in entry.rule_counts().items():
+        super()._count(entry, sign)
+        for table, n in _rule_counts(entry.objects).items():
             self.counts[table] += sign * n
-        self.no_local["internal"] += sign * entry.render.no_local_internal
-        self.no_local["external"] += sign * entry.render.no_local_external
-
-    def apply(self, updates: Updates) -> None:
-        """Record that a partial sync programmed ``updates`` (None: the service is gone)."""
-        for svc, entry in updates.items():
-            old = self.entries.pop(svc, None)
-            if old is not None:
-                self._count(old, -1)
-            if entry is not None:
-                self.entries[svc] = entry
-                self._count(entry, 1)
 
     def filter_chain_names(self) -> tuple[str, ...]:
         return FILTER_TOP + ((KUBE_FIREWALL,) if self.cfg.localhost_enabled else ())
 
     def service_chains(self) -> set[str]:
-        return {c for e in self.entries.values() for c in e.render.chains}
+        return {c for e in self.entries.values() for c in e.objects.chains}
 
     def _ordered(self) -> list[ServiceRender]:
-        return [self.entries[svc].render for svc in sorted(self.entries)]
+        return [self.entries[svc].objects for svc in sorted(self.entries)]
 
     def top(self, table: str) -> dict[str, list[str]]:
         """Every top-level chain of ``table`` with its lines, in write order."""
@@ -170,76 +169,36 @@ def _nat_text(chains: list[tuple[str, list[str]]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-class Renderer:
+class Renderer(ServiceCache[ServiceRender, Facts]):
     """Renders one family's services, reusing each one's rules while its inputs are the same."""
 
     def __init__(self, cfg: IptablesConfig) -> None:
+        def facts(state: ProxyState, endpoints: int) -> Facts:
+            return Facts(node_facts(state, cfg), endpoints > LARGE_CLUSTER_ENDPOINTS)
+
+        def render(
+            ports: tuple[ServicePort, ...], eps: tuple[tuple[Endpoint, ...], ...], f: Facts
+        ) -> ServiceRender:
+            return render_service(ports, eps, f.node, cfg, f.large)
+
+        super().__init__(cfg.family, facts, render)
         self.cfg = cfg
-        self.renders = 0
-        """Services rendered so far (a cache miss each); tests count them."""
 
-    def entry(
-        self,
-        state: ProxyState,
-        svc: NamespacedName,
-        node: NodeFacts,
-        large: bool,
-        cached: ServiceEntry | None,
-    ) -> ServiceEntry | None:
-        """``svc``'s rules (None when it has no port in this family), from ``cached`` when
-        nothing they depend on changed."""
-        ports = tuple(state.ports_of(svc, self.cfg.family))
-        if not ports:
-            return None
-        eps = tuple(state.endpoints_for(p.name, self.cfg.family) for p in ports)
-        key = (ports, eps, node, large)
-        if cached is not None and cached.key == key:
-            return cached
-        self.renders += 1
-        render = render_service(ports, eps, node, self.cfg, large)
-        return ServiceEntry(key, render, sum(len(e) for e in eps))
+    def table(
+        self, state: ProxyState, facts: Facts, entries: Mapping[NamespacedName, ServiceEntry]
+    ) -> Rendered:
+        """The rule set of ``entries`` with the lines that depend on no service."""
+        filt, nat = static_lines(facts.node, self.cfg)
+        return Rendered(self.cfg, facts, filt, nat, nodeports_tail(facts.node, self.cfg), entries)
 
-    def full(self, state: ProxyState, previous: Rendered | None = None) -> Rendered:
+    def render(self, state: ProxyState, previous: Rendered | None = None) -> Rendered:
         """The whole rule set; unchanged services reuse ``previous``'s rendering."""
-        cfg = self.cfg
-        node = node_facts(state, cfg)
-        total = sum(
-            len(state.endpoints_for(p.name, cfg.family)) for p in state.sorted_services(cfg.family)
-        )
-        large = total > LARGE_CLUSTER_ENDPOINTS
-        old = previous.entries if previous is not None else {}
-        entries = {}
-        for svc in state.service_names():
-            entry = self.entry(state, svc, node, large, old.get(svc))
-            if entry is not None:
-                entries[svc] = entry
-        filt, nat = static_lines(node, cfg)
-        return Rendered(cfg, node, large, filt, nat, nodeports_tail(node, cfg), entries)
-
-    def updates(
-        self, state: ProxyState, changed: Iterable[NamespacedName], programmed: Rendered
-    ) -> dict[NamespacedName, ServiceEntry | None] | None:
-        """The changed services' new rules, or None when only a full sync will do (the
-        node's facts changed, or the table crossed upstream's large-cluster threshold)."""
-        node = node_facts(state, self.cfg)
-        if node != programmed.node:
-            return None
-        out: dict[NamespacedName, ServiceEntry | None] = {}
-        total = programmed.endpoints
-        for svc in changed:
-            old = programmed.entries.get(svc)
-            new = self.entry(state, svc, node, programmed.large, old)
-            if new is not old:
-                out[svc] = new
-                total += (new.endpoints if new else 0) - (old.endpoints if old else 0)
-        if (total > LARGE_CLUSTER_ENDPOINTS) != programmed.large:
-            return None
-        return out
+        return self.table(state, *self.full(state, previous))
 
 
 def render(state: ProxyState, cfg: IptablesConfig) -> Rendered:
     """The complete rule set for ``cfg.family``."""
-    return Renderer(cfg).full(state)
+    return Renderer(cfg).render(state)
 
 
 def partial_text(programmed: Rendered, updates: Updates) -> str:
@@ -261,8 +220,8 @@ def partial_text(programmed: Rendered, updates: Updates) -> str:
     for svc in sorted(updates):
         old = programmed.entries.get(svc)
         new = updates[svc]
-        old_r = old.render if old else ServiceRender()
-        new_r = new.render if new else ServiceRender()
+        old_r = old.objects if old else ServiceRender()
+        new_r = new.objects if new else ServiceRender()
         filter_cmds += _top_delta(old_r.top_filter, new_r.top_filter)
         nat_cmds += _top_delta(old_r.top_nat, new_r.top_nat)
         for chain, lines in new_r.chains.items():

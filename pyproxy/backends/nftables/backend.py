@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily
@@ -30,6 +30,7 @@ from pyproxy.backends.base import (
     SyncResult,
     by_service_port,
 )
+from pyproxy.backends.engine.engine import DeleteConntrack, Engine
 from pyproxy.backends.local_addresses import with_local_addresses
 from pyproxy.backends.metrics import FAMILY, SyncDurations
 from pyproxy.backends.nftables import transactions as tx
@@ -40,11 +41,11 @@ from pyproxy.backends.nftables.render import (
     LOCALHOST_PROTOCOLS,
     TABLE,
     NftConfig,
+    NodeFacts,
     localhost_reject_counter,
 )
-from pyproxy.backends.nftables.table import Rendered, Renderer, Updates
+from pyproxy.backends.nftables.table import Rendered, Renderer, ServiceEntry, Updates
 from pyproxy.backends.nftables.walk import Walker
-from pyproxy.backends.stale_conntrack import stale_filters
 from pyproxy.backends.trace import Packet, Trace
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.kernel import conntrack
@@ -122,28 +123,99 @@ class NftablesMetrics:
             )
 
 
-@dataclass
-class _Family:
-    cfg: NftConfig
-    renderer: Renderer
-    mirror: tx.Mirror = field(default_factory=tx.Mirror)
-    programmed: Rendered | None = None
-    trusted: bool = False
-    last_state: ProxyState | None = None
+class NftablesFamily:
+    """One family's part of a sync (the engine's FamilyWriter): nft transactions from the
+    rendered table, with a mirror of the elements written so that a partial transaction
+    holds only what differs and nothing is read back."""
+
+    def __init__(self, backend: NftablesBackend, cfg: NftConfig, nft: Nft) -> None:
+        self.cfg = cfg
+        self.family = cfg.family
+        self.cache = Renderer(cfg)
+        self.mirror = tx.Mirror()
+        self._nft = nft
+        self._backend = backend
+
+    def table(
+        self, state: ProxyState, facts: NodeFacts, entries: Mapping[NamespacedName, ServiceEntry]
+    ) -> Rendered:
+        return self.cache.table(state, facts, entries)
+
+    def static_inputs(self, state: ProxyState) -> tuple[object, ...]:
+        return state.service_cidrs
+
+    def deferred_until(self) -> float | None:
+        pending = self.mirror.stale_chains.values()
+        return min(pending) + tx.STALE_CHAIN_DELAY if pending else None
+
+    def before_partial(self, programmed: Rendered, now: float) -> str:
+        """Delete chains flushed long enough ago; a reason for a full sync if that failed."""
+        text, due = tx.stale_deletions(programmed, self.mirror, now)
+        if not text:
+            return ""
+        try:
+            with self._backend.transactions.applying(self._what, text):
+                self._nft.run(text)
+        except NftError as err:
+            log.warning("cannot delete %d stale chains (%s)", len(due), err)
+            self._backend.cleanup_failed(self.family)
+            return "stale chains could not be deleted"
+        for chain in due:
+            self.mirror.stale_chains.pop(chain, None)
+        log.info("deleted %d stale chains (%s)", len(due), self.family.value)
+        return ""
 
     @property
-    def family(self) -> IPFamily:
-        return self.cfg.family
+    def _what(self) -> str:
+        return f"{self.family.value} nftables transaction"
+
+    def write_partial(self, programmed: Rendered, updates: Updates) -> Callable[[], None]:
+        written = tx.partial(programmed, updates, self.mirror)
+        if written.text:
+            self._run(written.text)
+        return lambda: tx.written_after_partial(written, self.mirror, time.monotonic())
+
+    def write_full(self, new: Rendered, reason: str) -> None:
+        nft_family = self.cfg.nft_family
+        try:
+            existing = self._nft.names(nft_family, TABLE)
+        except NftError as err:
+            raise BackendError(f"cannot list the {nft_family} {TABLE} table: {err}") from None
+        try:
+            counters = [n for n in self._nft.counters(nft_family, TABLE) if is_service_counter(n)]
+        except NftError as err:
+            raise BackendError(f"cannot list the {nft_family} counters: {err}") from None
+        written = tx.full(new, self.mirror, existing["chain"], existing["set"], existing["map"],
+                          counters)  # fmt: skip
+        self._run(written.text, fresh=new.rule_count() > FRESH_PROCESS_RULES)
+        tx.written_after_full(new, written, self.mirror, time.monotonic())
+
+    def _run(self, text: str, fresh: bool = False) -> None:
+        try:
+            with self._backend.transactions.applying(self._what, text):
+                self._nft.run(text, fresh=fresh)
+        except NftError as err:
+            self._backend.sync_failed(self.family)
+            raise BackendError(f"{self.family.value} nftables transaction failed: {err}") from None
 
 
 class NftablesBackend(Backend):
     mode = "nftables"
 
-    def __init__(self, cfg: ProxyConfig) -> None:
+    def __init__(
+        self,
+        cfg: ProxyConfig,
+        nft: Nft | None = None,
+        delete_conntrack: DeleteConntrack = conntrack.delete,
+    ) -> None:
+        """``nft`` and ``delete_conntrack`` are the kernel ports (default: libnftables, or
+        the nft tool, and the conntrack tool)."""
         self.proxy = cfg
         self.configs = {f: NftConfig(family=f, proxy=cfg) for f in FAMILIES}
+        self._port = nft
+        self._delete_conntrack = delete_conntrack
         self._nft: Nft | None = None
-        self._families: list[_Family] | None = None
+        self._engine: Engine[Rendered] | None = None
         self.metrics: NftablesMetrics | None = None
         self.localhost = LocalhostNodePorts(
             f for f in FAMILIES if self.configs[f].localhost_nodeports
@@ -168,8 +240,9 @@ class NftablesBackend(Backend):
                 "(upstream's table has no counters)"
             )
         counted: list[tuple[str, ServiceTraffic]] = []
-        for fam in self._families or ():
-            owners = fam.programmed.service_counters() if fam.programmed else {}
+        for fam in self.writers() if self._engine else ():
+            programmed = self.programmed(fam.family)
+            owners = programmed.service_counters() if programmed else {}
             try:
                 values = self._counters(fam.family)
             except NftError as err:
@@ -187,10 +260,8 @@ class NftablesBackend(Backend):
         for family in FAMILIES:
             if family is IPFamily.IPV6 and not state.sorted_services(family):
                 continue
-            r = Renderer(self.configs[family]).full(state)
-            parts.append(
-                f"# {family.value}: input for nft -f\n" + tx.full(r, tx.Mirror(), (), (), 0)
-            )
+            r = Renderer(self.configs[family]).render(state)
+            parts.append(f"# {family.value}: input for nft -f\n" + tx.fresh(r))
         return "".join(parts)
 
     def compare(self, state: ProxyState) -> list[Difference]:
@@ -198,14 +269,13 @@ class NftablesBackend(Backend):
         out: list[Difference] = []
         for family in FAMILIES:
             cfg = self.configs[family]
-            r = Renderer(cfg).full(state)
-            out += nft_compare(cfg.nft_family, TABLE, tx.full(r, tx.Mirror(), (), (), 0))
+            out += nft_compare(cfg.nft_family, TABLE, tx.fresh(Renderer(cfg).render(state)))
         return out
 
     def trace(self, state: ProxyState, packet: Packet) -> Trace:
         def make() -> Walker:
-            r = Renderer(self.configs[packet.family]).full(state)
-            return Walker(tx.full(r, tx.Mirror(), (), (), 0), state.node.local_addresses)
+            r = Renderer(self.configs[packet.family]).render(state)
+            return Walker(tx.fresh(r), state.node.local_addresses)
 
         walker = self.walker(state, packet.family, make)
         return Trace(packet, self.mode, tuple(walker.walk(packet)))
@@ -215,13 +285,13 @@ class NftablesBackend(Backend):
     def prepare(self) -> None:
         self._setup()
 
-    def _setup(self) -> tuple[Nft, list[_Family]]:
-        if self._nft is None or self._families is None:
-            nft = Nft()
+    def _setup(self) -> Engine[Rendered]:
+        if self._engine is None:
+            nft = self._port or Nft()
             reason = nft.usable()
             if reason is not None:
                 raise BackendUnavailable(f"--mode=nftables: {reason}")
-            fams = []
+            writers = []
             for cfg in self.configs.values():
                 probe = f"table {cfg.nft_family} pyproxy-probe"
                 try:
@@ -229,49 +299,48 @@ class NftablesBackend(Backend):
                 except NftError as err:
                     log.warning("nftables family %s does not work here (%s)", cfg.nft_family, err)
                     continue
-                fams.append(_Family(cfg, Renderer(cfg)))
-            log.info(
-                "nftables mode: %s, families %s", nft.how, ", ".join(f.family.value for f in fams)
-            )
-            self._nft, self._families = nft, fams
-        return self._nft, self._families
+                writers.append(NftablesFamily(self, cfg, nft))
+            log.info("nftables mode: %s, families %s", nft.how,
+                     ", ".join(w.family.value for w in writers))  # fmt: skip
+            self._nft, self._engine = nft, Engine(writers, self._delete_conntrack)
+        return self._engine
+
+    def writers(self) -> list[NftablesFamily]:
+        """Each family's part of a sync (sets up the kernel port on first use)."""
+        return [cast(NftablesFamily, f.writer) for f in self._setup().families]
+
+    def programmed(self, family: IPFamily) -> Rendered | None:
+        """The table pyproxy last wrote (or tried to) for ``family``."""
+        return self._engine.programmed(family) if self._engine else None
 
     def drifted(self) -> bool:
         """Someone deleted pyproxy's table: only a full sync brings it back."""
-        if self._nft is None or not self._families:
+        if self._nft is None or self._engine is None:
             return False
         present = self._nft.tables()
-        return any(
-            f.programmed is not None and (f.cfg.nft_family, TABLE) not in present
-            for f in self._families
-        )
+        return any((cast(NftablesFamily, w).cfg.nft_family, TABLE) not in present
+                   for w, _ in self._engine.trusted())  # fmt: skip
 
     # ---- sync -------------------------------------------------------------------------------
 
     def sync(self, request: SyncRequest) -> SyncResult:
         start = time.monotonic()
-        nft, fams = self._setup()
+        engine = self._setup()
         state = with_local_addresses(request.state, self.proxy)
-        times = [0.0, 0.0]
-        did_full = False
-        no_local: dict[tuple[str, IPFamily], int] = {}
-        for fam in fams:
-            full = self._sync_family(nft, fam, state, request, times)
-            did_full = did_full or full
-            assert fam.programmed is not None
-            for policy, n in fam.programmed.no_local.items():
-                no_local[(policy, fam.family)] = n
-            self._clear_conntrack(fam, state, None if full else request.changed)
-            fam.last_state = state
-        self._serve_localhost(state, None if did_full else request.changed)
-        families = tuple(f.family for f in fams)
+        result = engine.sync(state, request)
+        self._serve_localhost(state, None if result.full else request.changed)
         if self.metrics is not None:
-            self.metrics.durations.observe(did_full, time.monotonic() - start, families)
-        pending = [t for f in fams for t in f.mirror.stale_chains.values()]
-        again = (
-            max(0.0, min(pending) + tx.STALE_CHAIN_DELAY - time.monotonic()) if pending else None
-        )
-        return SyncResult(did_full, families, times[0], times[1], no_local, again)
+            self.metrics.durations.observe(result.full, time.monotonic() - start,
+                                           result.families)  # fmt: skip
+        return result
+
+    def sync_failed(self, family: IPFamily) -> None:
+        if self.metrics is not None:
+            self.metrics.sync_failures.labels(family.value).inc()
+
+    def cleanup_failed(self, family: IPFamily) -> None:
+        if self.metrics is not None:
+            self.metrics.cleanup_failures.labels(family.value).inc()
 
     def _serve_localhost(
         self, state: ProxyState, changed: Collection[NamespacedName] | None
@@ -289,101 +358,6 @@ class NftablesBackend(Backend):
         for key in self.localhost.failed:
             m.listener_failures.labels(key.split("/", 1)[0]).inc()
 
-    def _sync_family(
-        self, nft: Nft, fam: _Family, state: ProxyState, request: SyncRequest, times: list[float]
-    ) -> bool:
-        """True when this family had a full sync."""
-        now = time.monotonic()
-        full = request.full or fam.programmed is None or not fam.trusted
-        if not full and not self._delete_stale(nft, fam, now):
-            full = True
-        if not full and fam.programmed is not None:
-            t0 = time.monotonic()
-            updates = fam.renderer.updates(state, request.changed, fam.programmed)
-            t1 = time.monotonic()
-            times[0] += t1 - t0
-            if updates is None:
-                log.info("%s: the node's facts or the service CIDRs changed", fam.family.value)
-            else:
-                try:
-                    self._partial(nft, fam, fam.programmed, updates, now)
-                    return False
-                except BackendError as err:
-                    log.warning("partial sync failed (%s); doing a full sync", err)
-                finally:
-                    times[1] += time.monotonic() - t1
-        t0 = time.monotonic()
-        new = fam.renderer.full(state, fam.programmed)
-        t1 = time.monotonic()
-        try:
-            self._full(nft, fam, new, now)
-        finally:
-            times[0] += t1 - t0
-            times[1] += time.monotonic() - t1
-        return True
-
-    def _run(self, nft: Nft, fam: _Family, text: str, fresh: bool = False) -> None:
-        try:
-            with self.transactions.applying(f"{fam.family.value} nftables transaction", text):
-                nft.run(text, fresh=fresh)
-        except NftError as err:
-            fam.trusted = False
-            if self.metrics is not None:
-                self.metrics.sync_failures.labels(fam.family.value).inc()
-            raise BackendError(f"{fam.family.value} nftables transaction failed: {err}") from None
-
-    def _partial(
-        self, nft: Nft, fam: _Family, programmed: Rendered, updates: Updates, now: float
-    ) -> None:
-        text, touched = tx.partial(programmed, updates, fam.mirror, now)
-        if text:
-            self._run(nft, fam, text)
-        tx.written_after_partial(programmed, touched, fam.mirror)
-
-    def _full(self, nft: Nft, fam: _Family, new: Rendered, now: float) -> None:
-        try:
-            existing = nft.names(fam.cfg.nft_family, TABLE)
-        except NftError as err:
-            raise BackendError(
-                f"cannot list the {fam.cfg.nft_family} {TABLE} table: {err}"
-            ) from None
-        try:
-            counters = [n for n in nft.counters(fam.cfg.nft_family, TABLE) if is_service_counter(n)]
-        except NftError as err:
-            raise BackendError(f"cannot list the {fam.cfg.nft_family} counters: {err}") from None
-        text = tx.full(new, fam.mirror, existing["chain"], existing["set"], now, existing["map"],
-                       counters)  # fmt: skip
-        fam.programmed, fam.trusted = new, False
-        self._run(nft, fam, text, fresh=new.rule_count() > FRESH_PROCESS_RULES)
-        tx.written_after_full(new, fam.mirror)
-        fam.trusted = True
-
-    def _delete_stale(self, nft: Nft, fam: _Family, now: float) -> bool:
-        """Delete chains flushed long enough ago; False (and a full sync) if that failed."""
-        assert fam.programmed is not None
-        text, due = tx.stale_deletions(fam.programmed, fam.mirror, now)
-        if not text:
-            return True
-        try:
-            nft.run(text)
-        except NftError as err:
-            log.warning("cannot delete %d stale chains (%s); syncing fully", len(due), err)
-            if self.metrics is not None:
-                self.metrics.cleanup_failures.labels(fam.family.value).inc()
-            return False
-        for chain in due:
-            fam.mirror.stale_chains.pop(chain, None)
-        log.info("deleted %d stale chains (%s)", len(due), fam.family.value)
-        return True
-
-    def _clear_conntrack(
-        self, fam: _Family, state: ProxyState, changed: Collection[NamespacedName] | None
-    ) -> None:
-        filters = stale_filters(fam.last_state, state, fam.family, changed)
-        if filters:
-            n = conntrack.delete(filters, ipv6=fam.family is IPFamily.IPV6)
-            log.info("cleared %d stale UDP conntrack entries (%s)", n, fam.family.value)
-
     def close(self) -> None:
         self.localhost.close()
 
@@ -391,7 +365,7 @@ class NftablesBackend(Backend):
 
     def cleanup(self) -> None:
         """Delete pyproxy's kube-proxy tables (ip and ip6), and nothing else."""
-        nft = Nft()
+        nft = self._port or Nft()
         reason = nft.usable()
         if reason is not None:
             raise BackendError(reason)

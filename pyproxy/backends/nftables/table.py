@@ -13,9 +13,9 @@ before 6.2 keep a removed map element's chain referenced for a moment.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 
+from pyproxy.backends.engine.cache import Entry, ServiceCache, ServiceTable
 from pyproxy.backends.nftables.render import (
     MAPS,
     SETS,
@@ -27,18 +27,13 @@ from pyproxy.backends.nftables.render import (
     render_port,
 )
 from pyproxy.backends.nftables.static import BASE_CHAINS, TABLE_COMMENT, Static, static_objects
-from pyproxy.model.types import NamespacedName, ProxyState
+from pyproxy.model.types import Endpoint, NamespacedName, ProxyState, ServicePort
 
 ElementKey = tuple[str, str]  # (container, key)
 ElementValue = tuple[str, str]  # (value, comment)
 
 
-@dataclass(frozen=True)
-class ServiceEntry:
-    key: tuple[object, ...]
-    objects: ServiceObjects
-
-
+ServiceEntry = Entry[ServiceObjects]
 Updates = Mapping[NamespacedName, ServiceEntry | None]
 
 
@@ -48,23 +43,25 @@ def node_facts(state: ProxyState, cfg: NftConfig) -> NodeFacts:
     )
 
 
-@dataclass
-class Rendered:
+class Rendered(ServiceTable[ServiceObjects]):
     """A family's complete table: the static part and every service's objects."""
 
-    cfg: NftConfig
-    node: NodeFacts
-    service_cidrs: tuple[object, ...]
-    static: Static
-    entries: dict[NamespacedName, ServiceEntry] = field(default_factory=dict)
-    contributions: dict[ElementKey, Counter[ElementValue]] = field(default_factory=dict)
-    no_local: Counter[str] = field(default_factory=Counter)
-
-    def __post_init__(self) -> None:
-        for e in self.static.elements:
+    def __init__(
+        self,
+        cfg: NftConfig,
+        node: NodeFacts,
+        service_cidrs: tuple[object, ...],
+        static: Static,
+        entries: Mapping[NamespacedName, ServiceEntry],
+    ) -> None:
+        self.cfg = cfg
+        self.static = static
+        self.contributions: dict[ElementKey, Counter[ElementValue]] = {}
+        for e in static.elements:
             self._contribute(e, 1)
-        for entry in self.entries.values():
-            self._count(entry, 1)
+        super().__init__(node, entries, service_cidrs)
+        self.node = node
+        self.service_cidrs = service_cidrs
 
     def _contribute(self, e: Element, sign: int) -> None:
         votes = self.contributions.setdefault((e.container, e.key), Counter())
@@ -75,20 +72,27 @@ class Rendered:
             del self.contributions[(e.container, e.key)]
 
     def _count(self, entry: ServiceEntry, sign: int) -> None:
+        super()._count(entry, sign)
         for e in entry.objects.elements:
             self._contribute(e, sign)
-        self.no_local["internal"] += sign * entry.objects.no_local_internal
-        self.no_local["external"] += sign * entry.objects.no_local_external
 
-    def apply(self, updates: Updates) -> None:
-        """Record that ``updates`` were programmed (None: the service is gone)."""
+    def elements_after(self, updates: Updates) -> dict[ElementKey, Element | None]:
+        """The element each key the ``updates`` touch would hold once they are applied,
+        computed without applying them (the kernel has not accepted them yet)."""
+        delta: dict[ElementKey, Counter[ElementValue]] = {}
         for svc, entry in updates.items():
-            old = self.entries.pop(svc, None)
-            if old is not None:
-                self._count(old, -1)
-            if entry is not None:
-                self.entries[svc] = entry
-                self._count(entry, 1)
+            old = self.entries.get(svc)
+            for sign, objects in ((-1, old.objects if old else None),
+                                  (1, entry.objects if entry else None)):  # fmt: skip
+                for e in objects.elements if objects else ():
+                    delta.setdefault((e.container, e.key), Counter())[(e.value, e.comment)] += sign
+        out: dict[ElementKey, Element | None] = {}
+        for key, change in delta.items():
+            votes = Counter(self.contributions.get(key, {}))
+            votes.update(change)
+            alive = [v for v, n in votes.items() if n > 0]
+            out[key] = Element(key[0], key[1], *min(alive)) if alive else None
+        return out
 
     def element(self, key: ElementKey) -> Element | None:
         """The element the table should hold for ``key`` (one value wins if services
@@ -170,59 +174,33 @@ class Rendered:
         ]
 
 
-class Renderer:
+class Renderer(ServiceCache[ServiceObjects, NodeFacts]):
     """Renders one family's services, reusing each one's objects while its inputs are the same."""
 
     def __init__(self, cfg: NftConfig) -> None:
+        def render(
+            ports: tuple[ServicePort, ...], eps: tuple[tuple[Endpoint, ...], ...], node: NodeFacts
+        ) -> ServiceObjects:
+            objects = ServiceObjects()
+            for sp, endpoints in zip(ports, eps, strict=True):
+                objects.merge(render_port(sp, endpoints, node, cfg))
+            return objects
+
+        super().__init__(cfg.family, lambda state, _: node_facts(state, cfg), render)
         self.cfg = cfg
-        self.renders = 0
 
-    def entry(
-        self, state: ProxyState, svc: NamespacedName, node: NodeFacts, cached: ServiceEntry | None
-    ) -> ServiceEntry | None:
-        ports = tuple(state.ports_of(svc, self.cfg.family))
-        if not ports:
-            return None
-        eps = tuple(state.endpoints_for(p.name, self.cfg.family) for p in ports)
-        key = (ports, eps, node)
-        if cached is not None and cached.key == key:
-            return cached
-        self.renders += 1
-        objects = ServiceObjects()
-        for sp, endpoints in zip(ports, eps, strict=True):
-            objects.merge(render_port(sp, endpoints, node, self.cfg))
-        return ServiceEntry(key, objects)
+    def table(
+        self, state: ProxyState, facts: NodeFacts, entries: Mapping[NamespacedName, ServiceEntry]
+    ) -> Rendered:
+        static = static_objects(self.cfg, facts, state.service_cidrs)
+        return Rendered(self.cfg, facts, state.service_cidrs, static, entries)
 
-    def full(self, state: ProxyState, previous: Rendered | None = None) -> Rendered:
-        node = node_facts(state, self.cfg)
-        old = previous.entries if previous is not None else {}
-        entries = {}
-        for svc in state.service_names():
-            entry = self.entry(state, svc, node, old.get(svc))
-            if entry is not None:
-                entries[svc] = entry
-        static = static_objects(self.cfg, node, state.service_cidrs)
-        return Rendered(self.cfg, node, state.service_cidrs, static, entries)
-
-    def updates(
-        self, state: ProxyState, changed: Iterable[NamespacedName], programmed: Rendered
-    ) -> dict[NamespacedName, ServiceEntry | None] | None:
-        """The changed services' new objects, or None when the static part changed too (the
-        node's facts or the service CIDRs): then only a full sync will do."""
-        node = node_facts(state, self.cfg)
-        if node != programmed.node or state.service_cidrs != programmed.service_cidrs:
-            return None
-        out: dict[NamespacedName, ServiceEntry | None] = {}
-        for svc in changed:
-            old = programmed.entries.get(svc)
-            new = self.entry(state, svc, node, old)
-            if new is not old:
-                out[svc] = new
-        return out
+    def render(self, state: ProxyState, previous: Rendered | None = None) -> Rendered:
+        return self.table(state, *self.full(state, previous))
 
 
 def render(state: ProxyState, cfg: NftConfig) -> Rendered:
-    return Renderer(cfg).full(state)
+    return Renderer(cfg).render(state)
 
 
 __all__ = ["BASE_CHAINS", "MAPS", "SETS", "Rendered", "Renderer", "ServiceEntry", "render"]

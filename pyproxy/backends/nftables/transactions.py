@@ -66,22 +66,39 @@ def _service_blocks(r: Rendered) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class Full:
+    """A full sync's transaction, and the stale chains it flushes (to delete later)."""
+
+    text: str
+    flushed: tuple[str, ...] = ()
+
+
+def fresh(r: Rendered) -> str:
+    """The transaction a full sync writes into an empty namespace (``render``, goldens)."""
+    return full(r, Mirror(), (), ()).text
+
+
 def full(
     r: Rendered,
     mirror: Mirror,
     existing_chains: Collection[str],
     existing_sets: Collection[str],
-    now: float,
     existing_maps: Collection[str] = (),
     existing_counters: Collection[str] = (),
-) -> str:
+) -> Full:
     """The transaction of a full sync. ``existing_*`` are the table's current chain, set, map
-    and service counter names (listed once per full sync), to find stale ones."""
-    out = _final(r, mirror, existing_chains, existing_sets, now, _service_blocks(r))
+    and service counter names (listed once per full sync), to find stale ones. Pure: the
+    caller records it with ``written_after_full`` once the kernel accepted it."""
+    active = r.service_chains()
+    stale = tuple(sorted(c for c in existing_chains
+                         if names.is_service_chain(c) and c not in active))  # fmt: skip
+    out = _final(r, mirror, existing_sets, stale, _service_blocks(r))
     wanted = r.service_counters()
     out += "".join(f"{r.prefix('delete', 'counter')} {n}\n"
                    for n in sorted(existing_counters) if n not in wanted)  # fmt: skip
-    return out + "".join(_unwanted_localhost_rejects(r, existing_chains, existing_maps))
+    text = out + "".join(_unwanted_localhost_rejects(r, existing_chains, existing_maps))
+    return Full(text, stale)
 
 
 def _unwanted_localhost_rejects(
@@ -107,19 +124,16 @@ def _unwanted_localhost_rejects(
 def _final(
     r: Rendered,
     mirror: Mirror,
-    existing_chains: Collection[str],
     existing_sets: Collection[str],
-    now: float,
+    stale: Collection[str],
     own: list[str],
 ) -> str:
-    """The static part, ``own`` service chains, stale chains flushed, every element."""
+    """The static part, ``own`` service chains, ``stale`` chains flushed, every element."""
     out = [r.table_line()]
     if not mirror.base_chains_reset:
         for name, *_ in BASE_CHAINS:
             out += [f"{_add(r, 'chain')} {name}\n", f"{r.prefix('delete', 'chain')} {name}\n"]
     out += r.container_lines() + r.static_chain_lines(flush=True) + own
-    active = r.service_chains()
-    stale = sorted(c for c in existing_chains if names.is_service_chain(c) and c not in active)
     out += [f"{r.prefix('flush', 'chain')} {c}\n" for c in stale]
     out += r.static_rule_lines()
     containers = [("set", n) for n in r.static.sets] + [("map", n) for n in r.static.maps]
@@ -136,35 +150,45 @@ def _final(
             f"{_add(r, 'set')} {NODEPORT_IPS} {{ type {r.cfg.addr_type} ; }}\n",
             f"{r.prefix('delete', 'set')} {NODEPORT_IPS}\n",
         ]
-    mirror.stale_chains.update({c: now for c in stale if c not in mirror.stale_chains})
     return "".join(out)
 
 
-def written_after_full(r: Rendered, mirror: Mirror) -> None:
-    """Record a successful full sync in the mirror."""
+def written_after_full(r: Rendered, written: Full, mirror: Mirror, now: float) -> None:
+    """Record in the mirror a full sync the kernel accepted."""
     mirror.elements = {(e.container, e.key): (e.value, e.comment) for e in r.elements()}
     mirror.base_chains_reset = True
+    for chain in written.flushed:
+        mirror.stale_chains.setdefault(chain, now)
     for chain in r.service_chains():
         mirror.stale_chains.pop(chain, None)
 
 
-def partial(
-    r: Rendered, updates: Updates, mirror: Mirror, now: float
-) -> tuple[str, set[ElementKey]]:
-    """The transaction for ``updates`` ("" when nothing differs in the kernel) and the element
-    keys it may change. Applies ``updates`` to ``r``; when the transaction succeeds the
-    caller records the elements with ``written_after_partial``."""
+@dataclass(frozen=True)
+class Partial:
+    """A partial sync's transaction ("" when nothing differs in the kernel) and what the
+    mirror records once the kernel accepted it."""
+
+    text: str
+    elements: dict[ElementKey, Element | None]
+    """The element each touched key holds afterwards (None: none)."""
+    written: tuple[str, ...]
+    """Chains written: no longer stale."""
+    flushed: tuple[str, ...]
+    """Chains no service uses any more, flushed: deleted by a later transaction."""
+
+
+def partial(r: Rendered, updates: Updates, mirror: Mirror) -> Partial:
+    """The transaction moving the kernel from ``r`` to ``r`` plus ``updates``. Pure: neither
+    ``r`` nor the mirror changes (the kernel may refuse it); the caller applies the updates
+    to ``r`` and records the result with ``written_after_partial`` once it was accepted."""
     old_chains: dict[str, list[str]] = {}
     old_sets: dict[str, str] = {}
     new_chains: dict[str, list[str]] = {}
     new_sets: dict[str, str] = {}
     old_counters: set[str] = set()
     new_counters: set[str] = set()
-    touched: set[ElementKey] = set()
     for svc, entry in updates.items():
         old = r.entries.get(svc)
-        for e in (old.objects.elements if old else []) + (entry.objects.elements if entry else []):
-            touched.add((e.container, e.key))
         if old is not None:
             old_chains.update(old.objects.chains)
             old_sets.update(old.objects.sets)
@@ -173,26 +197,24 @@ def partial(
             new_chains.update(entry.objects.chains)
             new_sets.update(entry.objects.sets)
             new_counters.update(entry.objects.counters)
-    r.apply(updates)
+    write = {c: rules for c, rules in new_chains.items() if old_chains.get(c) != rules}
+    gone = tuple(c for c in old_chains if c not in new_chains)
+    elements = r.elements_after(updates)
     out = [f"{_add(r, 'counter')} {n}\n" for n in sorted(new_counters - old_counters)]
-    out += _chain_changes(r, old_chains, new_chains, old_sets, new_sets, mirror, now)
+    out += _chain_changes(r, write, gone, old_sets, new_sets)
     # After the chains that used them were flushed (a counter in use cannot be deleted).
     out += [f"{r.prefix('delete', 'counter')} {n}\n" for n in sorted(old_counters - new_counters)]
-    out += _element_changes(r, touched, mirror)
-    return "".join(out), touched
+    out += _element_changes(r, elements, mirror)
+    return Partial("".join(out), elements, tuple(write), gone)
 
 
 def _chain_changes(
     r: Rendered,
-    old_chains: dict[str, list[str]],
-    new_chains: dict[str, list[str]],
+    write: dict[str, list[str]],
+    gone: tuple[str, ...],
     old_sets: dict[str, str],
     new_sets: dict[str, str],
-    mirror: Mirror,
-    now: float,
 ) -> list[str]:
-    write = {c: rules for c, rules in new_chains.items() if old_chains.get(c) != rules}
-    gone = [c for c in old_chains if c not in new_chains]
     # "add set" on an existing set updates its timeout: only sets no longer used go (their
     # chains are gone, so flushed above, and nothing references them any more).
     sets_out = [n for n in old_sets if n not in new_sets]
@@ -202,18 +224,16 @@ def _chain_changes(
     out += [f"{r.prefix('delete', 'set')} {n}\n" for n in sets_out]
     out += [f"{_add(r, 'set')} {n} {d}\n" for n, d in sets_in.items()]
     out += [f"{_add(r, 'rule')} {c} {rule}\n" for c, rules in write.items() for rule in rules]
-    for c in write:
-        mirror.stale_chains.pop(c, None)
-    for c in gone:
-        mirror.stale_chains.setdefault(c, now)
     return out
 
 
-def _element_changes(r: Rendered, touched: set[ElementKey], mirror: Mirror) -> list[str]:
+def _element_changes(
+    r: Rendered, elements: dict[ElementKey, Element | None], mirror: Mirror
+) -> list[str]:
     deletes: list[str] = []
     adds: list[str] = []
-    for key in sorted(touched):
-        want = r.element(key)
+    for key in sorted(elements):
+        want = elements[key]
         have = mirror.elements.get(key)
         if want is not None and have == (want.value, want.comment):
             continue
@@ -224,13 +244,17 @@ def _element_changes(r: Rendered, touched: set[ElementKey], mirror: Mirror) -> l
     return deletes + adds
 
 
-def written_after_partial(r: Rendered, touched: Collection[ElementKey], mirror: Mirror) -> None:
-    for key in touched:
-        e = r.element(key)
+def written_after_partial(written: Partial, mirror: Mirror, now: float) -> None:
+    """Record in the mirror a partial sync the kernel accepted."""
+    for key, e in written.elements.items():
         if e is None:
             mirror.elements.pop(key, None)
         else:
             mirror.elements[key] = (e.value, e.comment)
+    for c in written.written:
+        mirror.stale_chains.pop(c, None)
+    for c in written.flushed:
+        mirror.stale_chains.setdefault(c, now)
 
 
 def stale_deletions(r: Rendered, mirror: Mirror, now: float) -> tuple[str, list[str]]:
@@ -240,4 +264,4 @@ def stale_deletions(r: Rendered, mirror: Mirror, now: float) -> tuple[str, list[
     return text, due
 
 
-__all__ = ["Element", "Mirror", "full", "partial", "stale_deletions"]
+__all__ = ["Element", "Full", "Mirror", "Partial", "fresh", "full", "partial", "stale_deletions"]
