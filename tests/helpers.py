@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.events import KINDS, Event, EventType
 from pyproxy.sync.tracker import ChangeTracker
 
@@ -121,3 +122,11 @@ def parse_restore(text: str) -> dict[str, dict[str, Any]]:
         else:
             raise AssertionError(f"unexpected line {line!r}")
     return tables
+
+
+def load_config(flags: dict[str, Any], config_file: str | None = None) -> ProxyConfig:
+    """The daemon's configuration from flags (and a file), with pyproxy's registered modes."""
+    from pyproxy.backends import registry
+    from pyproxy.config.load import load
+
+    return load(flags, config_file, registry.modes(), registry.DEFAULT)

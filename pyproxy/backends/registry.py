@@ -1,56 +1,37 @@
-"""Mode name -> the factory that builds its backend from the configuration.
-
-Factories import their backend lazily, so a mode's dependencies (pyroute2's IPVS, asyncio
-relays) load only when that mode runs. A mode that is not built yet fails with one line.
-"""
+"""The modes there are: each declares itself in its folder's ``mode.py``; a new mode is a
+folder and one line in ``MODES``. Tests may ``register`` a mode of their own."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from pyproxy.backends.base import Backend, BackendUnavailable
-from pyproxy.config.settings import MODES, ProxyConfig
+from pyproxy.backends.iptables.mode import MODE as IPTABLES
+from pyproxy.backends.ipvs.mode import MODE as IPVS
+from pyproxy.backends.mode import Mode
+from pyproxy.backends.nftables.mode import MODE as NFTABLES
+from pyproxy.backends.userspace.mode import MODE as USERSPACE
+from pyproxy.config.settings import ProxyConfig
+
+MODES: dict[str, Mode] = {m.name: m for m in (IPTABLES, IPVS, USERSPACE, NFTABLES)}
+DEFAULT = IPTABLES.name
+"""Upstream's default mode on Linux."""
 
 
-def _iptables(cfg: ProxyConfig) -> Backend:
-    from pyproxy.backends.iptables.backend import IptablesBackend
-
-    return IptablesBackend(cfg)
-
-
-def _ipvs(cfg: ProxyConfig) -> Backend:
-    from pyproxy.backends.ipvs.backend import IpvsBackend
-
-    return IpvsBackend(cfg)
+def register(mode: Mode) -> None:
+    """Add a mode (a test's own; a mode of pyproxy's is a line in ``MODES``)."""
+    MODES[mode.name] = mode
 
 
-def _userspace(cfg: ProxyConfig) -> Backend:
-    from pyproxy.backends.userspace.backend import UserspaceBackend
-
-    return UserspaceBackend(cfg)
+def modes() -> list[Mode]:
+    return list(MODES.values())
 
 
-def _nftables(cfg: ProxyConfig) -> Backend:
-    from pyproxy.backends.nftables.backend import NftablesBackend
-
-    return NftablesBackend(cfg)
-
-
-FACTORIES: dict[str, Callable[[ProxyConfig], Backend]] = {
-    "iptables": _iptables,
-    "ipvs": _ipvs,
-    "userspace": _userspace,
-    "nftables": _nftables,
-}
+def get(name: str) -> Mode:
+    mode = MODES.get(name or DEFAULT)
+    if mode is None:
+        raise BackendUnavailable(f"unknown mode {name!r} (choose from {', '.join(MODES)})")
+    return mode
 
 
 def create(cfg: ProxyConfig) -> Backend:
-    """The backend for ``cfg.mode``; BackendUnavailable (one line) for a mode not built."""
-    factory = FACTORIES.get(cfg.mode)
-    if factory is None:
-        if cfg.mode in MODES:
-            raise BackendUnavailable(
-                f"--mode={cfg.mode} is not implemented yet (available: {', '.join(FACTORIES)})"
-            )
-        raise BackendUnavailable(f"unknown mode {cfg.mode!r} (choose from {', '.join(MODES)})")
-    return factory(cfg)
+    """The backend for ``cfg.mode``; BackendUnavailable (one line) for a mode there is not."""
+    return get(cfg.mode).create(cfg)

@@ -22,12 +22,11 @@ from pyproxy.backends import registry
 from pyproxy.backends.base import BackendError, BackendUnavailable
 from pyproxy.cli import memory
 from pyproxy.cli.logs import setup_logging
-from pyproxy.config.load import BY_NAME, ConfigError, default_document, load
+from pyproxy.config.load import ConfigError, Setting, all_settings, default_document, load
 from pyproxy.config.settings import (
     IPTABLES_BACKENDS,
     LOG_FORMATS,
     LOG_LEVELS,
-    MODES,
     DetectLocalMode,
     ProxyConfig,
 )
@@ -36,13 +35,18 @@ from pyproxy.model.types import ProxyState
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
+def _settings() -> dict[str, Setting]:
+    """Every setting, the modes' own included (as registered now)."""
+    return {s.name: s for s in all_settings(registry.modes(), registry.DEFAULT)}
+
+
 def _default(name: str) -> Any:
-    return BY_NAME[name].default
+    return _settings()[name].default
 
 
 def _opt(name: str, *decls: str, help: str, **kw: Any) -> Decorator:
     """A click option for setting ``name``, with the table's flag and default."""
-    flag = BY_NAME[name].flag
+    flag = _settings()[name].flag
     names = list(decls) if any("/" in d for d in decls) else list(dict.fromkeys((flag, *decls)))
     if "is_flag" not in kw and "type" not in kw:
         kw["show_default"] = _default(name) not in (None, "")
@@ -65,10 +69,36 @@ def _from_daemon_option(help: str) -> Decorator:
     return click.option("--from-daemon", "daemon_url", default=None, metavar="URL", help=help)
 
 
+class _ModeChoice(click.Choice):  # type: ignore[type-arg]
+    """The registered modes, read when the flag is parsed (a test may register one)."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+
+    @property  # type: ignore[override]
+    def choices(self) -> list[str]:
+        return [m.name for m in registry.modes()]
+
+    @choices.setter
+    def choices(self, _: Any) -> None:
+        pass
+
+
 def _mode_option(f: Callable[..., Any]) -> Callable[..., Any]:
-    return _opt(
-        "mode", "--mode", type=click.Choice(MODES), show_default=True, help="Proxy backend."
-    )(f)
+    return _opt("mode", "--mode", type=_ModeChoice(), show_default=True, help="Proxy backend.")(f)
+
+
+def _modes_own_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The settings modes declare for themselves, as options."""
+    own = {s.name: s for m in registry.modes() for s in m.settings}
+    for s in reversed(own.values()):
+        if s.default is True or s.default is False:
+            f = _bool_opt(s.name, help=s.help)(f)
+        elif s.choices:
+            f = _opt(s.name, type=click.Choice(s.choices), show_default=True, help=s.help)(f)
+        else:
+            f = _opt(s.name, help=s.help)(f)
+    return f
 
 
 RULE_OPTIONS: tuple[Decorator, ...] = (
@@ -137,10 +167,10 @@ def _config(ctx: click.Context, params: dict[str, Any], **fixed: Any) -> ProxyCo
     given = {
         k: v
         for k, v in params.items()
-        if k in BY_NAME
+        if k in _settings()
         and ctx.get_parameter_source(k) not in (None, click.core.ParameterSource.DEFAULT)
     }
-    return load({**given, **fixed}, params.get("config_file"))
+    return load({**given, **fixed}, params.get("config_file"), registry.modes(), registry.DEFAULT)
 
 
 def load_manifest_state(directory: Path, node: str) -> ProxyState:
@@ -158,8 +188,7 @@ def load_manifest_state(directory: Path, node: str) -> ProxyState:
 @_api_options
 @_opt("min_sync_period", "--iptables-min-sync-period", help="Minimum interval between syncs.")
 @_opt("sync_period", "--iptables-sync-period", help="Maximum interval between syncs.")
-@_opt("ipvs_scheduler", help="IPVS scheduler.")
-@_bool_opt("ipvs_strict_arp", help="Set arp_ignore=1 and arp_announce=2 (ipvs mode).")
+@_modes_own_options
 @_opt("metrics_bind_address", help="host:port for /metrics; empty disables it.")
 @_opt(
     "service_metrics_max_series",
@@ -179,7 +208,7 @@ def cli(ctx: click.Context, /, **params: Any) -> None:
         return
     if params["write_config_to"]:
         Path(params["write_config_to"]).write_text(
-            yaml.safe_dump(default_document(), sort_keys=False)
+            yaml.safe_dump(default_document(registry.modes(), registry.DEFAULT), sort_keys=False)
         )
         return
     setup_logging(params["log_level"], params["log_format"], params["verbosity"])
@@ -370,9 +399,9 @@ def _load_state(cfg: ProxyConfig) -> ProxyState:
 @OUTPUT_OPTION
 @click.option(
     "--mode",
-    type=click.Choice(MODES),
+    type=_ModeChoice(),
     default=None,
-    help="Whose counters to read (default: the daemon's mode, else iptables).",
+    help="Whose counters to read (default: the daemon's mode, else the default mode).",
 )
 def status(iptables_backend: str, daemon_url: str | None, output: str, mode: str | None) -> None:
     """The daemon's status (with --from-daemon: mode, last sync, pending changes, counts,
@@ -380,13 +409,12 @@ def status(iptables_backend: str, daemon_url: str | None, output: str, mode: str
     mode's terms: connections per service and endpoint (iptables rule counters), per virtual
     and real server (IPVS), per service port (nftables, with --service-metrics)."""
     import json
-    from dataclasses import asdict
 
     from pyproxy.tools import status as st
 
     setup_logging("warning", "text", None)
     state = json.loads(from_daemon(daemon_url, "/debug/state")) if daemon_url else None
-    mode = mode or (state["mode"] if state else "iptables")
+    chosen = registry.get(mode or (state["mode"] if state else ""))
     doc: dict[str, Any] = {"daemon": None}
     text = ""
     if state is not None:
@@ -397,22 +425,13 @@ def status(iptables_backend: str, daemon_url: str | None, output: str, mode: str
             text += st.traffic_report(doc["traffic"])
         except (ConfigError, BackendError) as err:  # its mode counts nothing per service
             doc["traffic"], text = None, text + f"per service port: {err}\n"
-    try:
-        if mode == "ipvs":
-            stats = st.read_ipvs()
-            doc["ipvs"], text = st.ipvs_doc(stats), text + st.ipvs_report(stats)
-        elif mode == "iptables":
-            counters = st.read(iptables_backend)
-            doc["counters"] = {k: asdict(v) for k, v in counters.items()}
-            text += st.report(counters)
-        elif mode == "nftables":
-            seen = st.read_nft()
-            doc["nftables"] = {k: asdict(v) for k, v in seen.items()}
-            text += st.nft_report(seen)
-        elif state is None:
-            text += "userspace mode: the relay's counts are the daemon's; use --from-daemon\n"
-    except st.StatusError as err:
-        raise BackendUnavailable(str(err)) from None
+    if chosen.counters is not None:
+        key, doc[key], report = chosen.counters(
+            ProxyConfig(mode=chosen.name, iptables_backend=iptables_backend)
+        )
+        text += report
+    elif state is None:
+        text += f"{chosen.name} mode: the daemon keeps the counts; use --from-daemon\n"
     click.echo(json.dumps(doc, indent=1) if output == "json" else text, nl=output == "json")
 
 

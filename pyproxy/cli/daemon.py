@@ -48,15 +48,11 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 FAILURES_BEFORE_EVENT = 3
-# What a start in each mode removes, as upstream's platformCleanup does
-# (cmd/kube-proxy/app/server_linux.go): nftables mode the iptables and IPVS modes' objects,
-# the iptables-based modes the nftables table (pyproxy after its first full sync, below).
-# They carry kube-proxy's names, so this also cleans a node kube-proxy served in another mode.
-LEFTOVERS = {"nftables": ("iptables", "ipvs"), "iptables": ("nftables",), "ipvs": ("nftables",)}
 
 
 class Daemon:
     def __init__(self, cfg: ProxyConfig, backend: Backend | None = None) -> None:
+        cfg = replace(cfg, mode=registry.get(cfg.mode).name)  # "" is the default mode
         self.cfg = cfg
         # The other modes' objects go after this mode's first full sync, not before (upstream
         # removes them first): a node switching modes keeps serving throughout. A test's
@@ -242,7 +238,10 @@ class Daemon:
 
     def cleanup_other_modes(self) -> None:
         """Best effort, as upstream: a failure is a log line, never the end of the process."""
-        for mode in LEFTOVERS.get(self.cfg.mode, ()):
+        # What a start in each mode removes (its Mode.leftovers), as upstream's platformCleanup
+        # (cmd/kube-proxy/app/server_linux.go): they carry kube-proxy's names, so this also
+        # cleans a node kube-proxy served in another mode.
+        for mode in registry.get(self.cfg.mode).leftovers:
             try:
                 other = registry.create(replace(self.cfg, mode=mode))
                 try:

@@ -1,10 +1,12 @@
 """Flags and a KubeProxyConfiguration file -> one validated ``ProxyConfig``.
 
-One table (``SETTINGS``) names every setting once: its flag, its field in the file
-(kubeproxy.config.k8s.io/v1alpha1; sync periods and masquerade settings are read from the
-section of the chosen mode, as upstream converts them), its default and its parser. Defaults
-< file < flags given on the command line. A field pyproxy does not know is named in a
-warning; a bad value is one ``ConfigError`` line naming the flag or the file's field.
+One table (``SETTINGS``, plus the settings each mode declares for itself) names every
+setting once: its flag, its field in the file (kubeproxy.config.k8s.io/v1alpha1; sync periods
+and masquerade settings are read from the section the chosen mode names, as upstream converts
+them), its default and its parser. The modes come from the caller (``ModeSettings``): this
+module knows none by name. Defaults < file < flags given on the command line. A field
+pyproxy does not know is named in a warning; a bad value is one ``ConfigError`` line naming
+the flag or the file's field.
 """
 
 from __future__ import annotations
@@ -13,19 +15,17 @@ import ipaddress
 import logging
 import re
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
 from pyproxy.config.settings import (
     IPTABLES_BACKENDS,
-    IPVS_SCHEDULERS,
     LOG_FORMATS,
     LOG_LEVELS,
-    MODES,
     DetectLocalMode,
     Masquerade,
     ProxyConfig,
@@ -172,30 +172,51 @@ def detect_local_mode(value: Any) -> DetectLocalMode:
 # ---- the settings table ---------------------------------------------------------------------
 
 
-def _sync_section(mode: str) -> str:
-    return mode if mode in ("ipvs", "nftables") else "iptables"
-
-
-def _masq_section(mode: str) -> str:
-    return "nftables" if mode == "nftables" else "iptables"
-
-
 @dataclass(frozen=True)
 class Setting:
     name: str
     """The click parameter name and the key of the merged values."""
     flag: str
-    field: str | Callable[[str], str] | None
+    field: str | Callable[[ModeSettings], str] | None
     """Path in the file (dots for nesting), or a function of the mode; None: flag only."""
     default: Any
     parse: Callable[[Any], Any]
+    help: str = ""
+    """For the command line (a mode's own settings become options from this)."""
+    choices: tuple[str, ...] = ()
 
-    def field_for(self, mode: str) -> str | None:
+    def field_for(self, mode: ModeSettings) -> str | None:
         return self.field(mode) if callable(self.field) else self.field
 
 
+class ModeSettings(Protocol):
+    """What the configuration needs to know of a mode (``pyproxy.backends.mode.Mode``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def sync_section(self) -> str:
+        """The file's section with this mode's minSyncPeriod and syncPeriod."""
+        ...
+
+    @property
+    def masquerade_section(self) -> str:
+        """The file's section with this mode's masqueradeAll and masqueradeBit."""
+        ...
+
+    @property
+    def nodeport_default(self) -> NodePortAddresses:
+        """--nodeport-addresses when unset (upstream's default differs per mode)."""
+        ...
+
+    @property
+    def settings(self) -> tuple[Setting, ...]:
+        """The mode's own settings (the values land in ``ProxyConfig.options``)."""
+        ...
+
+
 SETTINGS: tuple[Setting, ...] = (
-    Setting("mode", "--mode", "mode", "iptables", choice(*MODES)),
     Setting("hostname_override", "--hostname-override", "hostnameOverride", None, raw_text),
     Setting("kubeconfig", "--kubeconfig", "clientConnection.kubeconfig", None, text),
     Setting("master", "--master", None, None, text),
@@ -211,14 +232,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "masquerade_all",
         "--masquerade-all",
-        lambda m: f"{_masq_section(m)}.masqueradeAll",
+        lambda m: f"{m.masquerade_section}.masqueradeAll",
         False,
         boolean,
     ),
     Setting(
         "masquerade_bit",
         "--iptables-masquerade-bit",
-        lambda m: f"{_masq_section(m)}.masqueradeBit",
+        lambda m: f"{m.masquerade_section}.masqueradeBit",
         14,
         masquerade_bit,
     ),
@@ -239,19 +260,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "min_sync_period",
         "--min-sync-period",
-        lambda m: f"{_sync_section(m)}.minSyncPeriod",
+        lambda m: f"{m.sync_section}.minSyncPeriod",
         "1s",
         duration,
     ),
     Setting(
         "sync_period",
         "--sync-period",
-        lambda m: f"{_sync_section(m)}.syncPeriod",
+        lambda m: f"{m.sync_section}.syncPeriod",
         "30s",
         duration,
     ),
-    Setting("ipvs_scheduler", "--ipvs-scheduler", "ipvs.scheduler", "rr", choice(*IPVS_SCHEDULERS)),
-    Setting("ipvs_strict_arp", "--ipvs-strict-arp", "ipvs.strictARP", False, boolean),
     Setting(
         "metrics_bind_address",
         "--metrics-bind-address",
@@ -276,10 +295,23 @@ BY_NAME = {s.name: s for s in SETTINGS}
 IGNORED_FIELDS = ("apiVersion", "kind")
 
 
+def mode_setting(modes: Sequence[ModeSettings], default: str) -> Setting:
+    """``--mode``: one of ``modes``."""
+    names = tuple(m.name for m in modes)
+    return Setting("mode", "--mode", "mode", default, choice(*names), "Proxy backend.", names)
+
+
+def all_settings(modes: Sequence[ModeSettings], default: str) -> tuple[Setting, ...]:
+    """Every setting: the mode first (the file's sections depend on it), the shared ones,
+    then each mode's own (one declared by two modes counts once)."""
+    own = {s.name: s for m in modes for s in m.settings}
+    return (mode_setting(modes, default), *SETTINGS, *own.values())
+
+
 # ---- the file -------------------------------------------------------------------------------
 
 
-def read_file(path: str) -> dict[str, Any]:
+def read_file(path: str, modes: Sequence[ModeSettings], default: str) -> dict[str, Any]:
     """The file's fields, flattened to dotted paths."""
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
@@ -290,27 +322,26 @@ def read_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"--config: {path} is not a {KIND} mapping")
     if doc.get("kind", KIND) != KIND:
         raise ConfigError(f"--config: {path} has kind {doc.get('kind')!r}, want {KIND}")
-    return _flatten(doc)
+    return _flatten(doc, _known_fields(modes, default))
 
 
-def _known_fields() -> set[str]:
-    return {f for s in SETTINGS for m in MODES if (f := s.field_for(m)) is not None}
+def _known_fields(modes: Sequence[ModeSettings], default: str) -> set[str]:
+    settings = all_settings(modes, default)
+    return {f for s in settings for m in modes if (f := s.field_for(m)) is not None}
 
 
-def _flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    known = _known_fields()
+def _flatten(doc: Mapping[str, Any], known: set[str], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in doc.items():
         key = f"{prefix}{k}"
         if isinstance(v, Mapping) and key not in known:
-            out.update(_flatten(v, key + "."))
+            out.update(_flatten(v, known, key + "."))
         else:
             out[key] = v
     return out
 
 
-def _warn_unknown(path: str, fields: Mapping[str, Any]) -> None:
-    known = _known_fields()
+def _warn_unknown(path: str, fields: Mapping[str, Any], known: set[str]) -> None:
     for key, value in fields.items():
         if key in known or key in IGNORED_FIELDS or value in (None, "", [], {}, 0, False):
             continue
@@ -321,7 +352,11 @@ def _warn_unknown(path: str, fields: Mapping[str, Any]) -> None:
 
 
 def _pick(
-    s: Setting, flags: Mapping[str, Any], fields: Mapping[str, Any], mode: str, path: str | None
+    s: Setting,
+    flags: Mapping[str, Any],
+    fields: Mapping[str, Any],
+    mode: ModeSettings,
+    path: str | None,
 ) -> tuple[Any, str]:
     """(raw value, where it came from) by precedence: flag, file, default."""
     if s.name in flags:
@@ -332,16 +367,23 @@ def _pick(
     return s.default, s.flag
 
 
-def load(flags: Mapping[str, Any], config_file: str | None = None) -> ProxyConfig:
+def load(
+    flags: Mapping[str, Any],
+    config_file: str | None,
+    modes: Sequence[ModeSettings],
+    default: str,
+) -> ProxyConfig:
     """The configuration from the flags given on the command line (name -> value, only the
-    ones the user set) over an optional file over the defaults."""
-    fields = read_file(config_file) if config_file else {}
+    ones the user set) over an optional file over the defaults; ``modes`` are the modes
+    there are, ``default`` the mode without --mode."""
+    fields = read_file(config_file, modes, default) if config_file else {}
     if config_file:
-        _warn_unknown(config_file, fields)
+        _warn_unknown(config_file, fields, _known_fields(modes, default))
+    by_name = {m.name: m for m in modes}
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}
-    mode = "iptables"
-    for s in SETTINGS:  # "mode" is first: the file's sections depend on it
+    mode = by_name[default]
+    for s in all_settings(modes, default):  # "mode" is first: the file's sections depend on it
         raw, origin = _pick(s, flags, fields, mode, config_file)
         try:
             values[s.name] = s.parse(raw)
@@ -349,11 +391,17 @@ def load(flags: Mapping[str, Any], config_file: str | None = None) -> ProxyConfi
             raise ConfigError(f"{origin}: {err}") from None
         origins[s.name] = origin
         if s.name == "mode":
-            mode = values["mode"]
-    return _build(values, origins)
+            mode = by_name[values["mode"]]
+    own = tuple((s.name, values[s.name]) for s in mode.settings)
+    return _build(values, origins, mode, own)
 
 
-def _build(v: Mapping[str, Any], origin: Mapping[str, str]) -> ProxyConfig:
+def _build(
+    v: Mapping[str, Any],
+    origin: Mapping[str, str],
+    mode: ModeSettings,
+    options: tuple[tuple[str, Any], ...],
+) -> ProxyConfig:
     if v["sync_period"] <= 0:
         raise ConfigError(f"{origin['sync_period']}: must be greater than 0")
     if v["min_sync_period"] > v["sync_period"]:
@@ -365,7 +413,7 @@ def _build(v: Mapping[str, Any], origin: Mapping[str, str]) -> ProxyConfig:
         raise ConfigError(f"{origin['kubeconfig']}: {v['kubeconfig']} is not a readable file")
     npa = v["nodeport_addresses"]
     if npa is None:  # unset: upstream's per-mode default
-        npa = NodePortAddresses(primary=True) if v["mode"] == "nftables" else NodePortAddresses()
+        npa = mode.nodeport_default
     return ProxyConfig(
         mode=v["mode"],
         node_name=node_name(v["hostname_override"], origin["hostname_override"]),
@@ -378,8 +426,7 @@ def _build(v: Mapping[str, Any], origin: Mapping[str, str]) -> ProxyConfig:
         min_sync_period=v["min_sync_period"],
         sync_period=v["sync_period"],
         iptables_backend=v["iptables_backend"],
-        ipvs_scheduler=v["ipvs_scheduler"],
-        ipvs_strict_arp=v["ipvs_strict_arp"],
+        options=options,
         metrics_address=v["metrics_bind_address"],
         healthz_address=v["healthz_bind_address"],
         service_metrics=v["service_metrics"],
@@ -399,11 +446,13 @@ def node_name(override: str | None, origin: str = "--hostname-override") -> str:
     return name
 
 
-def default_document() -> dict[str, Any]:
-    """The defaults as a KubeProxyConfiguration (for --write-config-to), iptables sections."""
+def default_document(modes: Sequence[ModeSettings], default: str) -> dict[str, Any]:
+    """The defaults as a KubeProxyConfiguration (for --write-config-to), with the sections
+    of the ``default`` mode and every mode's own settings."""
+    mode = next(m for m in modes if m.name == default)
     doc: dict[str, Any] = {"apiVersion": API_VERSION, "kind": KIND}
-    for s in SETTINGS:
-        field = s.field_for("iptables")
+    for s in all_settings(modes, default):
+        field = s.field_for(mode)
         if field is None:
             continue
         value = s.default

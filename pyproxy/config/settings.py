@@ -5,16 +5,15 @@ Only ``pyproxy.config.load`` makes one from flags and a file; tests build them d
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from pyproxy.model.nodeports import NodePortAddresses
 from pyproxy.model.types import IPFamily, IPNetwork, NodeInfo
 
-MODES = ("iptables", "ipvs", "userspace", "nftables")
 IPTABLES_BACKENDS = ("auto", "nft", "legacy")
-IPVS_SCHEDULERS = ("rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "mh")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 
@@ -50,7 +49,8 @@ class Source:
 
 @dataclass(frozen=True)
 class ProxyConfig:
-    mode: str = "iptables"
+    mode: str = ""
+    """A registered mode's name (``pyproxy.backends.registry``; "": its default mode)."""
     node_name: str = "localhost"
     source: Source = field(default_factory=Source)
     cluster_cidrs: tuple[IPNetwork, ...] = ()
@@ -61,8 +61,9 @@ class ProxyConfig:
     min_sync_period: float = 1.0
     sync_period: float = 30.0
     iptables_backend: str = "auto"
-    ipvs_scheduler: str = "rr"
-    ipvs_strict_arp: bool = False
+    options: tuple[tuple[str, Any], ...] = ()
+    """The settings modes declare for themselves (name, parsed value): a mode reads its own
+    with ``option``; the configuration knows none of them."""
     metrics_address: tuple[str, int] | None = ("127.0.0.1", 10249)
     healthz_address: tuple[str, int] | None = ("0.0.0.0", 10256)
     service_metrics: bool = False
@@ -70,6 +71,14 @@ class ProxyConfig:
     service_metrics_max_series: int = 1000
     log_level: str = "info"
     log_format: str = "text"
+
+    def option(self, name: str, default: Any = None) -> Any:
+        """A mode's own setting, as parsed (``default`` when not given)."""
+        return dict(self.options).get(name, default)
+
+    def with_options(self, **values: Any) -> ProxyConfig:
+        """This configuration with some mode settings replaced (tests, tools)."""
+        return replace(self, options=tuple({**dict(self.options), **values}.items()))
 
     def local_cidrs(self, node: NodeInfo, family: IPFamily) -> tuple[IPNetwork, ...]:
         """The CIDRs whose sources count as cluster-local traffic for ``family`` (none

@@ -45,7 +45,7 @@ def test_sctp_rules_load(world: World, proxy: Pyproxy) -> None:
 
 
 def test_status_counts_connections_per_endpoint(world: World, proxy: Pyproxy) -> None:
-    from pyproxy.tools.status import parse
+    from pyproxy.backends.xtables.counters import parse
 
     proxy.write(
         "counted",

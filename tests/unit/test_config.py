@@ -14,11 +14,12 @@ from pyproxy.backends.base import BackendUnavailable
 from pyproxy.backends.iptables.backend import IptablesBackend
 from pyproxy.backends.ipvs.backend import IpvsBackend
 from pyproxy.backends.nftables.backend import NftablesBackend
-from pyproxy.config.load import ConfigError, default_document, load
+from pyproxy.config.load import ConfigError, default_document
 from pyproxy.config.settings import DetectLocalMode, ProxyConfig
 from pyproxy.model import convert
 from pyproxy.model.nodeports import NodePortAddresses
 from pyproxy.model.types import IPFamily, NodeInfo
+from tests.helpers import load_config as load
 from tests.helpers import node
 
 ip = ipaddress.ip_address
@@ -70,7 +71,7 @@ def test_sync_period_and_masquerade_come_from_the_modes_section(tmp_path: Path) 
     )
     ipvs = load({"hostname_override": "n"}, path)
     assert ipvs.mode == "ipvs" and ipvs.sync_period == 20.0 and ipvs.masquerade.bit == 3
-    assert ipvs.ipvs_scheduler == "wrr"
+    assert ipvs.option("ipvs_scheduler") == "wrr"
     nft = load({"hostname_override": "n", "mode": "nftables"}, path)
     assert nft.sync_period == 40.0 and nft.masquerade.bit == 5
 
@@ -133,7 +134,7 @@ def test_written_defaults_load_back_to_the_defaults(tmp_path: Path) -> None:
     import yaml
 
     path = tmp_path / "defaults.yaml"
-    path.write_text(yaml.safe_dump(default_document()))
+    path.write_text(yaml.safe_dump(default_document(registry.modes(), registry.DEFAULT)))
     assert load({"hostname_override": "n"}, str(path)) == load({"hostname_override": "n"})
 
 
@@ -142,10 +143,8 @@ def test_backends_are_built_from_the_configuration() -> None:
     backend = registry.create(cfg)
     assert isinstance(backend, IptablesBackend)
     assert backend.configs[IPFamily.IPV4].mark == "0x200"
-    ipvs = registry.create(ProxyConfig(mode="ipvs", ipvs_scheduler="sh"))
-    assert (
-        isinstance(ipvs, IpvsBackend) and ipvs.configs[IPFamily.IPV4].proxy.ipvs_scheduler == "sh"
-    )
+    ipvs = registry.create(ProxyConfig(mode="ipvs").with_options(ipvs_scheduler="sh"))
+    assert isinstance(ipvs, IpvsBackend) and ipvs.configs[IPFamily.IPV4].scheduler == "sh"
     assert isinstance(registry.create(ProxyConfig(mode="nftables")), NftablesBackend)
     with pytest.raises(BackendUnavailable, match="unknown mode 'turbo'"):
         registry.create(ProxyConfig(mode="turbo"))

@@ -7,6 +7,7 @@ import json
 from pyproxy.backends.base import TEXT_KEPT, TransactionLog
 from pyproxy.serving.debug import rules_doc, state_doc
 from tests.helpers import endpoint, endpoint_slice, node, port, service, tracker_with
+from tests.helpers import load_config as load
 
 
 def test_state_doc_is_json_with_addresses_as_strings() -> None:
@@ -46,7 +47,6 @@ def test_rules_doc_keeps_one_per_tool_and_family_and_the_last_failure() -> None:
 
 def test_debug_paths_only_on_a_loopback_metrics_address() -> None:
     from pyproxy.cli.daemon import Daemon
-    from pyproxy.config.load import load
 
     for address, served in (("127.0.0.1:10249", True), ("[::1]:10249", True),
                             ("0.0.0.0:10249", False), ("192.0.2.7:10249", False)):  # fmt: skip

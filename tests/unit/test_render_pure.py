@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from pyproxy.backends import registry
+
 ROOT = Path(__file__).resolve().parents[2]
 PYPROXY = str(Path(sys.executable).with_name("pyproxy"))
 # nobody, keeping only the right to read files: this machine's Python lives under /root.
@@ -52,7 +54,7 @@ def render(mode: str, *prefix: str, env: dict[str, str] | None = None) -> str:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to compare with an unprivileged user")
-@pytest.mark.parametrize("mode", ["iptables", "ipvs", "userspace"])
+@pytest.mark.parametrize("mode", [m.name for m in registry.modes()])
 def test_render_needs_no_privilege_kernel_or_program(mode: str, tmp_path: Path) -> None:
     (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(GUARD))
     tmp_path.chmod(0o755)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pyproxy.tools.status import parse, report
+from pyproxy.backends.iptables.status import report
+from pyproxy.backends.xtables.counters import parse
 
 NAT = """*nat
 :KUBE-SEP-AAAA - [0:0]

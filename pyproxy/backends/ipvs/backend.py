@@ -30,12 +30,12 @@ from pyproxy.backends.base import (
     by_service_port,
 )
 from pyproxy.backends.ipvs.diff import CurrentDest, CurrentService, Plan, plan, plan_partial
+from pyproxy.backends.ipvs.mode import SCHEDULERS
 from pyproxy.backends.ipvs.render import (
     DUMMY,
     FILTER_CHAINS,
     JUMPS,
     NAT_CHAINS,
-    SCHEDULERS,
     Desired,
     IpvsConfig,
     VSKey,
@@ -122,12 +122,13 @@ class IpvsBackend(Backend):
     mode = "ipvs"
 
     def __init__(self, cfg: ProxyConfig) -> None:
-        if cfg.ipvs_scheduler not in SCHEDULERS:
-            raise BackendUnavailable(
-                f"--ipvs-scheduler: {cfg.ipvs_scheduler!r} is not one of {', '.join(SCHEDULERS)}"
-            )
         self.proxy = cfg
         self.configs = {f: IpvsConfig(family=f, proxy=cfg) for f in FAMILIES}
+        scheduler = self.configs[IPFamily.IPV4].scheduler
+        if scheduler not in SCHEDULERS:
+            raise BackendUnavailable(
+                f"--ipvs-scheduler: {scheduler!r} is not one of {', '.join(SCHEDULERS)}"
+            )
         self._ipt: dict[IPFamily, Iptables] | None = None
         self._last_state: ProxyState | None = None
         self._tables: dict[IPFamily, Table] | None = None
@@ -207,12 +208,13 @@ class IpvsBackend(Backend):
             kipvs.Ipvs().close()
         except kipvs.IpvsError as err:
             raise BackendUnavailable(str(err)) from None
-        scheduler = self.proxy.ipvs_scheduler
+        scheduler = self.configs[IPFamily.IPV4].scheduler
         if not kipvs.scheduler_available(scheduler):
             raise BackendUnavailable(
                 f"--ipvs-scheduler={scheduler}: this kernel has no ip_vs_{scheduler} module"
             )
-        require_sysctls(SYSCTLS + (STRICT_ARP if self.proxy.ipvs_strict_arp else ()), "ipvs mode")
+        strict = self.configs[IPFamily.IPV4].strict_arp
+        require_sysctls(SYSCTLS + (STRICT_ARP if strict else ()), "ipvs mode")
         tables = open_tables(self.proxy.iptables_backend, FAMILIES, self.mode)
         kipvs.ensure_dummy(DUMMY)
         log.info("ipvs mode: scheduler %s", scheduler)

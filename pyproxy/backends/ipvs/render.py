@@ -25,7 +25,7 @@ from pyproxy.backends.xtables.rules import (
     postrouting_rules,
     restore_text,
 )
-from pyproxy.config.settings import IPVS_SCHEDULERS, ProxyConfig
+from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.selection import categorize_endpoints
 from pyproxy.model.types import (
     Endpoint,
@@ -39,7 +39,6 @@ from pyproxy.model.types import (
 )
 
 DUMMY = "kube-ipvs0"
-SCHEDULERS = IPVS_SCHEDULERS
 PROTO_NUM = {Protocol.TCP: 6, Protocol.UDP: 17, Protocol.SCTP: 132}
 PROTO_NAME = {6: "TCP", 17: "UDP", 132: "SCTP"}
 
@@ -115,6 +114,15 @@ class IpvsConfig:
     @property
     def mark(self) -> str:
         return self.proxy.masquerade.mark
+
+    @property
+    def scheduler(self) -> str:
+        """--ipvs-scheduler (this mode's own setting)."""
+        return str(self.proxy.option("ipvs_scheduler", "rr"))
+
+    @property
+    def strict_arp(self) -> bool:
+        return bool(self.proxy.option("ipvs_strict_arp", False))
 
 
 def nodeport_ips(node: NodeInfo, cfg: IpvsConfig) -> tuple[IPAddress, ...]:
@@ -225,7 +233,7 @@ def _render_port(
 
     def vs(addr: str, port: int, dests: Iterable[Endpoint], what: str) -> None:
         d.services[(PROTO_NUM[svc.protocol], addr, port)] = VirtualServer(
-            cfg.proxy.ipvs_scheduler, timeout, _dests(dests), f"{svc.name} {what}"
+            cfg.scheduler, timeout, _dests(dests), f"{svc.name} {what}"
         )
 
     cip = str(svc.cluster_ip(cfg.family))
