@@ -260,6 +260,10 @@ class Backend(abc.ABC):
         mode's objects counted. Reads the kernel (or the relay); for metrics and status."""
         raise BackendUnavailable(f"{self.mode} mode does not count traffic per service")
 
+    def debug_state(self) -> dict[str, Any]:
+        """What this mode adds to /debug/state (its own facts, for probes and tests)."""
+        return {}
+
     def prepare(self) -> None:  # noqa: B027 - optional hook
         """Check, before any source starts, that the mode can work on this host: tools,
         kernel features, a working iptables or nftables back end. BackendUnavailable when no

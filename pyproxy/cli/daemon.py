@@ -26,7 +26,7 @@ from pyproxy.cli import memory
 from pyproxy.cli.walk import walk_of, with_local_addresses
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.events import Event
-from pyproxy.model.types import IPFamily, NamespacedName, ProxyState
+from pyproxy.model.types import NamespacedName, ProxyState
 from pyproxy.serving.debug import DebugView
 from pyproxy.serving.health import (
     ProxyHealth,
@@ -72,19 +72,19 @@ class Daemon:
         if cfg.service_metrics:
             self.metrics.registry.register(ServiceTrafficCollector(
                 self.backend.service_traffic, cfg.service_metrics_max_series))  # fmt: skip
-        self.health = ProxyHealth(timeout=2 * cfg.sync_period)
+        self.metrics.read(self.tracker)
+        self.health = ProxyHealth(2 * cfg.sync_period, self.syncer.unprogrammed_since,
+                                  lambda: self.tracker.node)  # fmt: skip
         host = cfg.healthz_address[0] if cfg.healthz_address else "0.0.0.0"
         self.service_health = ServiceHealthServer(
             host=host if host not in ("127.0.0.1", "::1") else "0.0.0.0",
             proxy_healthy=lambda: self.health.status(with_node=False)[0] == 200,
         )
-        self.tracker.on_change = self._on_change
-        self.syncer.listeners.append(self._on_sync)
+        self.tracker.on_change = self.runner.run
+        self.syncer.listeners += [self.metrics.observe, self._on_sync]
         self.stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._families: tuple[IPFamily, ...] = (IPFamily.IPV4,)
         self.post_event: Callable[[str, str, str], None] | None = None
-        self.last_sync: dict[str, Any] = {}
         self.debug = DebugView(
             state=self.tracker.current_state,
             status=self.status,
@@ -109,48 +109,44 @@ class Daemon:
     def status(self) -> dict[str, Any]:
         """Mode, the last sync and what waits for the next, for /debug/state."""
         services, endpoints = self.tracker.pending_counts()
+        rec = self.syncer.last_record
         return {
             "mode": self.cfg.mode,
             "nodeName": self.cfg.node_name,
-            "lastSync": self.last_sync or None,
+            "lastSync": None if rec is None else {
+                "finished": rec.finished, "seconds": round(rec.duration, 6), "full": rec.full,
+                "fullReason": rec.reason or None, "ok": rec.ok, "error": rec.error or None,
+                "serviceChanges": rec.service_changes, "endpointChanges": rec.endpoint_changes,
+            },
+            "lastFullSync": {"finished": full.finished, "reason": full.reason}
+            if (full := self.syncer.last_full) is not None
+            else None,
             "syncs": self.syncer.stats.syncs,
             "fullSyncs": self.syncer.stats.full_syncs,
             "failedSyncs": self.syncer.stats.failures,
             "pending": {"serviceChanges": services, "endpointChanges": endpoints},
+            # Changes seen and changes programmed: equal once every change seen is in the
+            # kernel (what a test or a probe waits on instead of reading the log).
+            "generation": {"observed": self.tracker.generation,
+                           "programmed": self.syncer.stats.programmed_generation},
             "skippedCounts": dict(self.tracker.skipped),
-        }
+            "backend": self.backend.debug_state(),
+        }  # fmt: skip
 
-    # ---- event plumbing ---------------------------------------------------------------
-
-    def _on_change(self) -> None:
-        self.health.queued()
-        self.health.sync_node(self.tracker.node)
-        self.metrics.queued(self._families)
-        self.metrics.pending(*self.tracker.pending_counts())
-        self.runner.run()
+    # ---- after a sync ---------------------------------------------------------------------
 
     def _on_sync(self, rec: SyncRecord) -> None:
-        self.metrics.observe(rec)
-        self.last_sync = {"finished": rec.finished, "seconds": round(rec.duration, 6),
-                          "full": rec.full, "fullReason": rec.reason or None, "ok": rec.ok,
-                          "error": rec.error or None,
-                          "serviceChanges": rec.service_changes,
-                          "endpointChanges": rec.endpoint_changes}  # fmt: skip
-        self.metrics.pending(*self.tracker.pending_counts())
-        for kind, n in self.tracker.skipped.items():
-            self.metrics.skipped.labels(kind).set(n)
+        """What a sync changes beyond the kernel: health, health-check node ports, the
+        leftovers of other modes after the first full sync, an event after repeated
+        failures. (Metrics observe the record themselves; deferred work goes back to the
+        runner as the sync's return value.)"""
         if rec.ok and rec.state is not None:
             if rec.full:
                 memory.freeze()
                 if self.leftovers_pending:
                     self.leftovers_pending = False
                     self.cleanup_other_modes()
-            if rec.result is not None:
-                self._families = rec.result.families
-                if rec.result.sync_again_in is not None:
-                    self.runner.run_in(rec.result.sync_again_in)
-            self.health.updated(as_of=rec.taken)
-            self.health.sync_node(rec.state.node)
+            self.health.updated()
             self.service_health.sync(rec.state, None if rec.full else rec.changed)
         elif self.syncer.stats.consecutive_failures == FAILURES_BEFORE_EVENT and self.post_event:
             self.post_event(

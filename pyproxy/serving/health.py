@@ -38,39 +38,37 @@ def _go_time(t: float) -> str:
 
 
 class ProxyHealth:
-    """Upstream's proxierHealthServer state: oldest queued update, last update, node."""
+    """Upstream's proxierHealthServer, reading the facts when asked: the oldest change not yet
+    programmed (``unprogrammed_since``: the tracker's pending changes and those a failed sync
+    consumed), the last successful sync, and the Node."""
 
-    def __init__(self, timeout: float, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        timeout: float,
+        unprogrammed_since: Callable[[], float | None] = lambda: None,
+        node: Callable[[], NodeInfo | None] = lambda: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.timeout = timeout
+        self._since = unprogrammed_since
+        self._node = node
         self._clock = clock
-        self._lock = threading.Lock()
-        self._oldest_queued: float | None = None
         self._last_updated: float | None = None
-        self.node_eligible = True
 
-    def queued(self) -> None:
-        with self._lock:
-            if self._oldest_queued is None:
-                self._oldest_queued = self._clock()
+    def updated(self) -> None:
+        """Rules were programmed (a successful sync), or the proxy is starting up."""
+        self._last_updated = self._clock()
 
-    def updated(self, as_of: float | None = None) -> None:
-        """Rules are programmed for every change queued up to ``as_of`` (default: now).
-
-        A change queued after the sync took its snapshot stays pending, so a sync that was
-        already running cannot hide a later one that keeps failing."""
-        with self._lock:
-            if as_of is None or self._oldest_queued is None or self._oldest_queued <= as_of:
-                self._oldest_queued = None
-            self._last_updated = self._clock()
-
-    def sync_node(self, node: NodeInfo) -> None:
-        self.node_eligible = node.eligible or not node.exists
+    @property
+    def node_eligible(self) -> bool:
+        node = self._node()
+        return node is None or node.eligible or not node.exists
 
     def status(self, with_node: bool) -> tuple[int, dict[str, Any]]:
-        with self._lock:
-            now = self._clock()
-            healthy = self._oldest_queued is None or now - self._oldest_queued < self.timeout
-            last = self._last_updated
+        now = self._clock()
+        since = self._since()
+        healthy = since is None or now - since < self.timeout
+        last = self._last_updated
         eligible = self.node_eligible
         if with_node:
             healthy = healthy and eligible

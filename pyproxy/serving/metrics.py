@@ -3,14 +3,15 @@ labels and buckets (pkg/proxy/metrics/metrics.go ``RegisterMetrics``), so existi
 and alerts keep working; plus a few of pyproxy's own (``pyproxy_*``): render vs apply time,
 skipped objects, watch reconnects.
 
-Fed by ``SyncRecord``s from the syncer and by the tracker's pending counts. The families only
+Fed by ``SyncRecord``s from the syncer; the gauges of what waits for a sync read the tracker
+when scraped. The families only
 some modes have (iptables rule counts, full/partial durations, ...) are registered and kept by
 the backend itself (``Backend.register_metrics``): nothing here knows a backend.
 """
 
 from __future__ import annotations
 
-import time
+import functools
 
 from prometheus_client import (
     CollectorRegistry,
@@ -21,8 +22,10 @@ from prometheus_client import (
 )
 
 from pyproxy.backends.metrics import FAMILY, SYNC_BUCKETS
+from pyproxy.model.events import KINDS
 from pyproxy.model.types import IPFamily
 from pyproxy.sync.syncer import SyncRecord
+from pyproxy.sync.tracker import ChangeTracker
 
 NETWORK_PROGRAMMING_BUCKETS = (
     0.25,
@@ -36,6 +39,8 @@ NETWORK_PROGRAMMING_BUCKETS = (
 class Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # upstream has no *_created
+        self._tracker: ChangeTracker | None = None
+        self._queued_families: set[IPFamily] = set()
         self.registry = r = registry
         self.sync_duration = Histogram(
             "kubeproxy_sync_proxy_rules_duration_seconds",
@@ -121,20 +126,29 @@ class Metrics:
         )
         self.sync_failures = Counter("pyproxy_sync_failures", "Syncs that failed", registry=r)
 
-    def queued(self, families: tuple[IPFamily, ...]) -> None:
-        now = time.time()
-        for fam in families:
-            self.last_queued.labels(fam.value).set(now)
+    def read(self, tracker: ChangeTracker) -> None:
+        """The gauges of what waits for a sync read the tracker at each scrape (nothing feeds
+        them on the way from the source to the sync)."""
+        self._tracker = tracker
+        self.service_pending.set_function(lambda: tracker.pending_counts()[0])
+        self.endpoint_pending.set_function(lambda: tracker.pending_counts()[1])
+        for kind in KINDS:
+            self.skipped.labels(kind).set_function(functools.partial(_count, tracker, kind))
+        self._queued_for(IPFamily.IPV4)
 
-    def pending(self, services: int, endpoints: int) -> None:
-        self.service_pending.set(services)
-        self.endpoint_pending.set(endpoints)
+    def _queued_for(self, family: IPFamily) -> None:
+        tracker = self._tracker
+        if tracker is not None and family not in self._queued_families:
+            self._queued_families.add(family)
+            self.last_queued.labels(family.value).set_function(lambda: tracker.last_queued or 0)
 
     def observe(self, rec: SyncRecord) -> None:
         if not rec.ok or rec.result is None:
             self.sync_failures.inc()
             return
         res = rec.result
+        for fam in res.families:
+            self._queued_for(fam)
         self.service_changes.inc(rec.service_changes)
         self.endpoint_changes.inc(rec.endpoint_changes)
         self.phase.labels("render").observe(res.render_seconds)
@@ -146,3 +160,7 @@ class Metrics:
                 self.network_programming.labels(fam.value).observe(latency)
         for (policy, fam), value in res.no_local_endpoints.items():
             self.no_local_endpoints.labels(policy, fam.value).set(value)
+
+
+def _count(tracker: ChangeTracker, kind: str) -> float:
+    return tracker.skipped[kind]

@@ -7,7 +7,8 @@ failed run a retry with exponential backoff (``retry_min`` doubling up to ``max_
 A failing function is logged and retried; it never ends the loop. A function that returns
 False did nothing (the state is not complete yet): that run does not start the
 ``min_interval`` window, so the first real sync runs as soon as it is asked for, and not
-before (no spinning).
+before (no spinning). A function that returns a number of seconds has deferred work (a
+backend deleting chains it flushed a second ago): the next run comes no later than that.
 
 The decision logic is in ``tick()``, driven by an injectable clock, so it is tested without
 threads or sleeps; ``loop()`` is the thin thread around it.
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 class BoundedFrequencyRunner:
     def __init__(
         self,
-        fn: Callable[[], bool | None],
+        fn: Callable[[], bool | float | None],
         min_interval: float,
         max_interval: float,
         retry_min: float = 1.0,
@@ -97,9 +98,12 @@ class BoundedFrequencyRunner:
             self._wanted_at = None
             previous, self._last_run = self._last_run, now
         try:
-            did = self._fn() is not False
+            result = self._fn()
+            did = result is not False
             with self._cond:  # the intervals count from the run's end, as upstream's
                 self._last_run = self._clock() if did else previous
+            if type(result) is float:
+                self.run_in(result)
         except Exception as err:  # a sync failure must never end the loop
             with self._cond:
                 self._last_run = self._clock()

@@ -58,6 +58,8 @@ class SyncStats:
     failures: int = 0
     consecutive_failures: int = 0
     last_success: float | None = None
+    programmed_generation: int = 0
+    """The tracker's generation the last successful sync programmed."""
 
 
 class Syncer:
@@ -79,6 +81,11 @@ class Syncer:
         self._request_lock = threading.Lock()
         self.last_full_reason = ""
         """Why the last sync was full ("" after a partial one), for /debug/state."""
+        self.last_record: SyncRecord | None = None
+        self._failed_since: float | None = None
+        """Wall-clock time of the oldest change a failed sync took (it is not programmed)."""
+        self.last_full: SyncRecord | None = None
+        """The last successful full sync (its reason and when), for /debug/state."""
         self._last_full: float | None = None
         self._lock = threading.Lock()
         self.stats = SyncStats()
@@ -95,9 +102,10 @@ class Syncer:
             if self._requested is None:
                 self._requested = reason
 
-    def sync(self) -> bool:
-        """Called by the runner; False when there is nothing to sync yet. Raises BackendError
-        so the runner retries with backoff."""
+    def sync(self) -> bool | float:
+        """Called by the runner: False when there is nothing to sync yet; after a sync, True,
+        or the seconds after which the backend has deferred work (the runner runs again by
+        then). Raises BackendError so the runner retries with backoff."""
         if not self.tracker.initialized:
             if not self._warned_uninitialized:
                 log.info("not syncing until Services, EndpointSlices, the Node and ServiceCIDRs "
@@ -105,10 +113,10 @@ class Syncer:
                 self._warned_uninitialized = True
             return False
         with self._lock:
-            self._sync_locked()
-        return True
+            again = self._sync_locked()
+        return True if again is None else again
 
-    def _sync_locked(self) -> None:
+    def _sync_locked(self) -> float | None:
         start = self._clock()
         taken = self._wall()
         with self._request_lock:
@@ -121,6 +129,9 @@ class Syncer:
             result = self.backend.sync(request)
         except Exception as err:
             self.request_full("previous sync failed")  # the changes are consumed
+            if changes.first_seen_wall is not None:
+                since = self._failed_since
+                self._failed_since = min(since or changes.first_seen_wall, changes.first_seen_wall)
             msg = str(err).splitlines()[0] if str(err) else type(err).__name__
             if not isinstance(err, BackendError):
                 log.exception("backend crashed during sync")
@@ -139,6 +150,8 @@ class Syncer:
             )
             raise BackendError(msg) from err
         end_wall, end = self._wall(), self._clock()
+        self.stats.programmed_generation = changes.generation
+        self._failed_since = None  # a sync after a failure is full: everything is programmed
         if result.full:
             self._last_full = start
             reason = reason or result.reason or "the backend needed one"
@@ -160,6 +173,8 @@ class Syncer:
             changed=changes.changed_services,
             reason=self.last_full_reason,
         )
+        if rec.full:
+            self.last_full = rec
         self._record(rec)
         idle = not result.full and not changes.changed_services
         log.log(
@@ -171,6 +186,7 @@ class Syncer:
             changes.endpoint_changes,
             f" ({reason})" if result.full else "",
         )
+        return result.sync_again_in
 
     def _full_reason(self, now: float, requested: str | None, from_changes: str) -> str:
         """Why this sync must be full, or "" (partial): asked for (start, a failed sync, the
@@ -186,7 +202,18 @@ class Syncer:
             return "periodic"
         return ""
 
+    def unprogrammed_since(self) -> float | None:
+        """Wall-clock time of the oldest change not programmed yet: pending in the tracker,
+        or taken by a sync that failed (None: every change is in the kernel). Health reads
+        it when asked."""
+        pending = self.tracker.pending_since()
+        failed = self._failed_since
+        if pending is None or failed is None:
+            return pending if failed is None else failed
+        return min(pending, failed)
+
     def _record(self, rec: SyncRecord) -> None:
+        self.last_record = rec
         s = self.stats
         s.syncs += 1
         if rec.ok:

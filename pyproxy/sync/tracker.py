@@ -61,6 +61,11 @@ class Changes:
     """EndpointSlice last-change-trigger-time (wall clock) per changed service."""
     first_seen: float | None = None
     """Monotonic time the oldest change in this batch was seen (None if nothing changed)."""
+    first_seen_wall: float | None = None
+    """The same, in wall-clock time (health: how long a change has waited)."""
+    generation: int = 0
+    """How many changes the tracker had applied when this was taken: once a sync of this
+    succeeded, everything observed up to it is programmed (``/debug/state``)."""
 
 
 def _merge_endpoints(slices: Sequence[convert.SliceInfo]) -> EndpointsOfService:
@@ -79,9 +84,15 @@ def _merge_endpoints(slices: Sequence[convert.SliceInfo]) -> EndpointsOfService:
 
 
 class ChangeTracker:
-    def __init__(self, node_name: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        node_name: str,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self._lock = threading.Lock()
         self._clock = clock
+        self._wall = wall
         self.node_name = node_name
         self._services: dict[NamespacedName, tuple[ServicePort, ...]] = {}
         self._slices: dict[NamespacedName, dict[str, convert.SliceInfo]] = {}
@@ -98,8 +109,13 @@ class ChangeTracker:
         self._pending_endpoints: dict[NamespacedName, EndpointsOfService] = {}
         self._trigger_times: dict[NamespacedName, list[float]] = {}
         self._first_seen: float | None = None
+        self._first_seen_wall: float | None = None
+        self.last_queued: float | None = None
+        """Wall-clock time of the latest change that needs a sync (a metric upstream has)."""
         self._cidrs_changed = False
         self._synced_kinds: set[str] = set()
+        self.generation = 0
+        """Changes applied so far (an event that changed something the proxy uses)."""
         self._warned_orphans: set[NamespacedName] = set()
         self.skipped: Counter[str] = Counter()
         self.skipped_recent: deque[tuple[str, str, str]] = deque(maxlen=SKIPPED_KEPT)
@@ -127,6 +143,7 @@ class ChangeTracker:
         """Apply one event; returns True when something the proxy uses changed."""
         with self._lock:
             changed = self._apply_locked(event)
+            self.generation += changed
         if changed and self.on_change is not None:
             self.on_change()
         return changed
@@ -223,8 +240,21 @@ class ChangeTracker:
         synced = pending.setdefault(key, before)
         if after == synced:
             del pending[key]
-        elif self._first_seen is None:
+        else:
+            self._seen_now()
+
+    def _seen_now(self) -> None:
+        """A change that needs a sync was seen: note when (the first one since the last
+        sync, for latency and health; the latest, for the queued-timestamp metric)."""
+        self.last_queued = self._wall()
+        if self._first_seen is None:
             self._first_seen = self._clock()
+            self._first_seen_wall = self.last_queued
+
+    def pending_since(self) -> float | None:
+        """Wall-clock time of the oldest change no sync has taken yet (None: none)."""
+        with self._lock:
+            return self._first_seen_wall if self._pending_any() else None
 
     def _on_slice(self, obj: Mapping[str, Any], deleted: bool) -> bool:
         try:
@@ -304,8 +334,8 @@ class ChangeTracker:
             return False
         # Whether the labels differ from what the last sync saw is decided by take(): an
         # assignment here would erase a full sync another change (a ServiceCIDR) set up.
-        if self._labels_changed(info) and self._first_seen is None:
-            self._first_seen = self._clock()
+        if self._labels_changed(info):
+            self._seen_now()
         self._node = info
         return True
 
@@ -327,8 +357,7 @@ class ChangeTracker:
         else:
             self._service_cidrs.pop(name, None)
         self._cidrs_changed = True  # the static part of the rules changes: a full sync
-        if self._first_seen is None:
-            self._first_seen = self._clock()
+        self._seen_now()
         return True
 
     # ---- output side ------------------------------------------------------------------
@@ -368,12 +397,14 @@ class ChangeTracker:
                     if k in self._pending_endpoints
                 },
                 first_seen=self._first_seen if self._pending_any() else None,
+                first_seen_wall=self._first_seen_wall if self._pending_any() else None,
+                generation=self.generation,
             )
             self._synced_node_labels = dict(self._node.labels)
             self._pending_services.clear()
             self._pending_endpoints.clear()
             self._trigger_times.clear()
-            self._first_seen = None
+            self._first_seen = self._first_seen_wall = None
             self._cidrs_changed = False
             return result
 

@@ -145,10 +145,14 @@ class Proxy:
             if line.startswith("-A KUBE-SERVICES ") and ' cluster IP" ' in line
         )
 
-    def cpu_seconds(self) -> float:
+    def cpu_seconds(self, children: bool = False) -> float:
+        """User and system CPU (``children``: with the child processes it waited for)."""
         assert self.proc is not None
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        ticks = int(fields[11]) + int(fields[12])
+        if children:
+            ticks += int(fields[13]) + int(fields[14])
+        return ticks / os.sysconf("SC_CLK_TCK")
 
     def peak_rss_mb(self) -> float:
         assert self.proc is not None

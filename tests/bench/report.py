@@ -13,6 +13,8 @@ COLUMNS = (
     ("one change: sync p50", "change_sync_p50_s", "ms"),
     ("1% churn", "churn_1pct_s", "s"),
     ("idle resync", "idle_resync_s", "ms"),
+    ("CPU under churn", "churn_cpu_pct", "%"),
+    ("RSS under churn", "churn_rss_after_mb", "MB"),
     ("CPU", "cpu_s", "s"),
     ("peak RSS", "peak_rss_mb", "MB"),
     ("kernel floor", "kernel_floor_s", "s"),

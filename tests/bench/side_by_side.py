@@ -13,6 +13,8 @@ and each is measured for:
   1% churn        1% of the slices changed at once: time until all are programmed
   idle resync     a periodic sync with nothing changed (upstream 1.36 runs none: its runner's
                   maximum interval is an hour)
+  steady churn    one endpoint change a second for --churn-seconds (300): CPU as a share of
+                  a core, child processes included, and RSS before and after
   CPU, RSS        CPU seconds used and peak resident memory, from /proc
 plus the kernel floor (the same rules restored into an empty namespace, plainly) and
 ``pyproxy render`` time at 2,000 x M beside the floor for those rules.
@@ -130,6 +132,20 @@ def churn(p: Proxy, cluster: Cluster, n: int) -> float:
     return p.value(after, LAST) - t0
 
 
+def steady_churn(p: Proxy, cluster: Cluster, n: int, seconds: float) -> dict[str, float]:
+    """One endpoint change a second for ``seconds`` (a large cluster's steady state): the CPU
+    the proxy used meanwhile, its child processes included (iptables-restore, nft), as a share
+    of one core, and its resident memory before and after."""
+    settle()
+    rss0, cpu0, t0 = p.rss_mb(), p.cpu_seconds(children=True), time.monotonic()
+    for k in range(int(seconds)):
+        objects.change_endpoints(cluster, [random.randrange(n)], M, next(GENERATIONS))
+        time.sleep(max(0.0, t0 + k + 1 - time.monotonic()))  # the pace: one a second
+    cpu = p.cpu_seconds(children=True) - cpu0
+    return {"churn_cpu_pct": 100 * cpu / (time.monotonic() - t0), "churn_rss_before_mb": rss0,
+            "churn_rss_after_mb": p.rss_mb()}  # fmt: skip
+
+
 def idle_resync(p: Proxy) -> float | None:
     """A partial sync with nothing changed, waited for up to 40 s (None: there was none)."""
     c0, s0 = histogram(p, p.metrics(), PARTIAL)
@@ -143,7 +159,9 @@ def idle_resync(p: Proxy) -> float | None:
     return (s1 - s0) / (c1 - c0)
 
 
-def measure(p: Proxy, cluster: Cluster, n: int, repeats: int) -> dict[str, Any]:
+def measure(
+    p: Proxy, cluster: Cluster, n: int, repeats: int, churn_seconds: float = 0
+) -> dict[str, Any]:
     row: dict[str, Any] = {"proxy": p.name, "mode": p.mode, "services": n, "endpoints": M}
     try:
         row["cold_start_s"] = cold_start(p, n)
@@ -157,6 +175,11 @@ def measure(p: Proxy, cluster: Cluster, n: int, repeats: int) -> dict[str, Any]:
         progress(f"  {p.name}: 1% churn {row['churn_1pct_s']:.2f}s")
         row["idle_resync_s"] = idle_resync(p)
         row["rss_mb"] = p.rss_mb()
+        if churn_seconds:
+            row.update(steady_churn(p, cluster, n, churn_seconds))
+            progress(f"  {p.name}: {churn_seconds:.0f} s of one change a second: "
+                     f"{row['churn_cpu_pct']:.2f}% of a core, RSS {row['churn_rss_before_mb']:.0f}"
+                     f" -> {row['churn_rss_after_mb']:.0f} MB")  # fmt: skip
     except Slow as err:
         row["slow"] = str(err)
         progress(f"  {err}: > 15 min")
@@ -171,6 +194,7 @@ def run(
     out: Path,
     repeats: int,
     proxies: tuple[str, ...] = ("kube-proxy", "pyproxy"),
+    churn_seconds: float = 0,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     work = Path(tempfile.mkdtemp(prefix="pyproxy-bench-"))
@@ -198,7 +222,7 @@ def run(
                     p = Proxy(name, mode, cluster, work)
                     progress(f"N = {n}: {name} ({mode} mode)")
                     try:
-                        rows.append(measure(p, cluster, n, repeats))
+                        rows.append(measure(p, cluster, n, repeats, churn_seconds))
                         if name == "pyproxy" and "cold_start_s" in rows[-1]:
                             rows[-1]["kernel_floor_s"] = floor_of_namespace(p.ns, mode)
                             progress(f"  kernel floor {rows[-1]['kernel_floor_s']:.2f}s")
@@ -224,6 +248,8 @@ def main() -> int:
     ap.add_argument("--modes", default="iptables,nftables,iptables-legacy")
     ap.add_argument("--proxies", default="kube-proxy,pyproxy", help="for development runs")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--churn-seconds", type=float, default=300,
+                    help="steady churn (one change a second) measured for this long")  # fmt: skip
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (network namespaces)", file=sys.stderr)
@@ -236,8 +262,9 @@ def main() -> int:
     sizes = [200] if args.quick else [int(s) for s in args.sizes.split(",")]
     out = Path(args.out) / ("quick" if args.quick else "")
     out.mkdir(parents=True, exist_ok=True)
+    churn_seconds = 10 if args.quick else args.churn_seconds
     rows = run(sizes, args.modes.split(","), out, 3 if args.quick else args.repeats,
-               tuple(args.proxies.split(",")))  # fmt: skip
+               tuple(args.proxies.split(",")), churn_seconds)  # fmt: skip
     if not args.quick:
         render_row = render_beside_floor(2000, M)
         progress(f"pyproxy render at 2,000 x {M}: {render_row['render_s']:.2f}s, "

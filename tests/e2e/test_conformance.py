@@ -16,9 +16,9 @@ counters), must be pyproxy's, object for object.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -342,7 +342,11 @@ def test_nftables_table_equals_upstreams(
             for ns in (ns_ours, ns_theirs):
                 eventually(lambda n=ns: service_ips(mn, n) > want, timeout=60,
                            what=f"the services in {ns}'s table")  # fmt: skip
-            time.sleep(3)  # both past their min-sync-period: nothing left pending
+            # Both settle (each past its min-sync-period, nothing pending) on the same table;
+            # a table that never matches fails below with the difference.
+            with contextlib.suppress(AssertionError):
+                eventually(lambda: nft_table(mn, ns_ours) == nft_table(mn, ns_theirs),
+                           timeout=30, what="the two tables to agree")  # fmt: skip
             got, expected = nft_table(mn, ns_ours), nft_table(mn, ns_theirs)
         finally:
             ours.stop()

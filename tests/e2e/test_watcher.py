@@ -156,7 +156,7 @@ def test_watch_cut_10_times_in_60s_resumes_without_relist(
             lambda want=want: metric(world, "pyproxy_watch_reconnects_total") >= want,
             what=f"the watches to reconnect after cut {i + 1}",
         )
-        time.sleep(max(0.0, started + 6 - time.monotonic()))
+        time.sleep(max(0.0, started + 6 - time.monotonic()))  # a cut every 6 s: the scenario
     assert metric(world, "pyproxy_watch_relists_total") == relists  # resumed from its RV
     assert programmed_rules(world) == before
     kube.pod(NS, "pod-3", "node-a", world.pods[2].ip, WEB)

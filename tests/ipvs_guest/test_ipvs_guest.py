@@ -24,6 +24,7 @@ from tests.netns.world import (
     PYTHON,
     Held,
     Pyproxy,
+    SyncCounts,
     World,
     manifest_objects,
     names_in,
@@ -70,8 +71,8 @@ def test_auto_detection_takes_the_back_end_that_can_write(proxy: Pyproxy) -> Non
     """This guest's nf_tables lists the nat table but cannot create the ip filter table:
     without --iptables-backend, pyproxy must find that out at start and use legacy (every
     other test here runs on what it picked)."""
-    log = wait_for(lambda: "ipvs mode: scheduler" in proxy.log.read_text() and
-                   proxy.log.read_text(), what="pyproxy to start")  # fmt: skip
+    proxy.wait_syncs(SyncCounts(), what="pyproxy's first sync", timeout=60)
+    log = proxy.log.read_text()  # what it chose, and why, is logged at start
     assert "iptables: the nft back end cannot be used here (" in log
     assert "); using legacy" in log
     assert "ipvs mode: iptables legacy back end for IPv4" in log

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.netns.test_partial_syncs import changes, synced
-from tests.netns.world import CLUSTER_CIDR, PYPROXY, Pyproxy, World, wait_for
+from tests.netns.scenarios import changes
+from tests.netns.world import CLUSTER_CIDR, PYPROXY, Pyproxy, SyncCounts, World
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("PYPROXY_IN_UML") != "1", reason="runs inside the user-mode Linux guest only"
@@ -97,23 +97,21 @@ def node_ports(servers: Servers) -> dict[tuple[str, int], dict[str, int]]:
 
 
 def test_twenty_changes_need_no_full_sync(world: World, proxy: Pyproxy) -> None:
-    wait_for(lambda: synced(proxy, "fully") == 1, what="the first full sync", timeout=60)
+    now = proxy.wait_syncs(SyncCounts(), full=True, what="the first full sync", timeout=60)
     steps = changes(world)
     for name, content in steps:
-        before = synced(proxy, "partially")
         if content is None:
             proxy.remove(name)
         else:
             proxy.write(name, *content)
         try:
-            wait_for(lambda b=before: synced(proxy, "partially") > b, what=f"a sync of {name}",
-                     timeout=60)  # fmt: skip
+            now = proxy.wait_programmed(now, what=f"a sync of {name}", timeout=60)
         except AssertionError:
             assert proxy.proc is not None
             os.kill(proxy.proc.pid, signal.SIGQUIT)  # its threads' stacks, into its log
-            time.sleep(1)
+            time.sleep(1)  # diagnostics on the way out: time for the dump to be written
             raise
-    assert synced(proxy, "fully") == 1
+    assert now.full == 1
     got = kernel(world)
     want = fresh_render(proxy)
     # The render has no node addresses offline (the daemon asks the kernel), so it lists no
@@ -132,5 +130,5 @@ def test_twenty_changes_need_no_full_sync(world: World, proxy: Pyproxy) -> None:
     # A restart's full sync compares the kernel with the whole state: nothing to change.
     proxy.stop()
     proxy.start()
-    wait_for(lambda: synced(proxy, "fully") == 2, what="the restart's full sync", timeout=60)
+    proxy.wait_syncs(SyncCounts(), full=True, what="the restart's full sync", timeout=60)
     assert kernel(world) == got

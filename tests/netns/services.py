@@ -3,8 +3,11 @@ answer."""
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
+from pyproxy.backends.iptables import names
+from pyproxy.model.types import Endpoint, NamespacedName, Protocol, ServicePortName
 from tests.netns.world import Pod, World, wait_for
 
 
@@ -43,3 +46,8 @@ def reachable(
         return r if r["replies"] else None
 
     return wait_for(ok, timeout=timeout, what=f"{proto} {ip}:{port} to answer")
+
+
+def sep_chain(name: str, pod_ip: str) -> str:
+    spn = ServicePortName(NamespacedName("t", name), "http", Protocol.TCP)
+    return names.endpoint_chain(spn, Endpoint(ipaddress.ip_address(pod_ip), 8080))

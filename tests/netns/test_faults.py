@@ -26,6 +26,7 @@ from tests.netns.world import (
     PYPROXY,
     PYTHON,
     Pyproxy,
+    SyncCounts,
     World,
     manifest_objects,
     total,
@@ -92,11 +93,13 @@ def test_xtables_lock_held_for_20s(
         fcntl.flock(held, fcntl.LOCK_EX)
         taken = time.monotonic()
         client = steady_client(world, "10.96.40.1", count, interval)
+        before = proxy.counts()
         proxy.write("b", *manifest_objects(world, svc("b", "10.96.40.2", [HTTP]), pods(world, 2),
                                            HTTP_EP))  # fmt: skip
-        wait_for(lambda: "holding the xtables lock" in proxy.log.read_text(), timeout=15,
-                 what="pyproxy to report the held lock")  # fmt: skip
-        time.sleep(max(0.0, taken + HOLD_SECONDS - 1.5 - time.monotonic()))
+        wait_for(lambda: proxy.counts().failed > before.failed, timeout=15,
+                 what="a sync failing on the held lock")  # fmt: skip
+        assert "holding the xtables lock" in proxy.log.read_text()  # the reason is logged
+        time.sleep(max(0.0, taken + HOLD_SECONDS - 1.5 - time.monotonic()))  # the lock held
         # Still held: the new service cannot have been programmed.
         assert world.probe("tcp", "10.96.40.2", 80, timeout=1)["replies"] == {}
         time.sleep(max(0.0, taken + HOLD_SECONDS - time.monotonic()))
@@ -137,8 +140,7 @@ def test_restore_killed_mid_transaction(
     reachable(world, "10.96.41.1", timeout=30)
     # The start's full sync must be over (its IPv6 transactions may still run after the IPv4
     # rules answer): the restore killed below is then the next change's own.
-    wait_for(lambda: "synced fully" in proxy.log.read_text(), timeout=30, what="the first sync")
-    fulls = proxy.log.read_text().count("synced fully")
+    first = proxy.wait_programmed(SyncCounts(), timeout=30, what="the first sync")
     count, interval = 100, 0.05
     client = steady_client(world, "10.96.41.1", count, interval)
     trigger.touch()
@@ -146,9 +148,9 @@ def test_restore_killed_mid_transaction(
                                        HTTP_EP))  # fmt: skip
     wait_for(lambda: Path(f"{trigger}.done").exists(), timeout=15, what="the killed restore")
     reachable(world, "10.96.41.2", timeout=30)
-    # The sync after the failure is full (its log line follows the restore that made d answer).
-    wait_for(lambda: proxy.log.read_text().count("synced fully") > fulls, timeout=15,
-             what="a full sync after the failed one")  # fmt: skip
+    # The sync after the failure is full.
+    after = proxy.wait_syncs(first, full=True, what="a full sync after the failed one")
+    assert after.failed > first.failed and after.last_full_reason == "previous sync failed"
     assert "iptables-nft-restore failed: killed by signal 9" in proxy.log.read_text()
     # /debug/rules keeps the failed transaction with its error beside the last applied ones.
     rules = json.loads(get(world, "http://127.0.0.1:10249/debug/rules")["body"])
@@ -194,7 +196,7 @@ def test_10000_malformed_objects_beside_100_good(
     proxy = Pyproxy(world, manifests, tmp_path / "pyproxy.log",
                     "--metrics-bind-address", "127.0.0.1:10249")  # fmt: skip
     cleanup.append(proxy.start())
-    wait_for(lambda: "synced fully" in proxy.log.read_text(), timeout=120, what="the first sync")
+    proxy.wait_programmed(SyncCounts(), timeout=120, what="the first sync")
     failed = json.loads(
         world.exec(world.client(0), PYTHON, "-c", CONNECT_EACH, *good_ips, timeout=300).stdout
     )
@@ -225,7 +227,9 @@ def test_one_deleted_rule_is_put_back(
     proxy.write("e", *manifest_objects(world, svc("e", "10.96.42.1", [HTTP]), pods(world, 1, 2),
                                        HTTP_EP))  # fmt: skip
     reachable(world, "10.96.42.1", timeout=30)
-    time.sleep(2 * period)  # the first look after pyproxy's write takes its snapshot
+    # The drift check takes its baseline once pyproxy has not written for a sync period.
+    wait_for(lambda: proxy.state().get("backend", {}).get("driftCheck", {}).get("IPv4") == "armed",
+             timeout=4 * period, what="the drift check's baseline")  # fmt: skip
     save = world.iptables_save("nat", backend)
     svc_chain = next(
         ln.split()[-1] for ln in save.splitlines()
@@ -233,13 +237,13 @@ def test_one_deleted_rule_is_put_back(
     )  # fmt: skip
     victim = next(ln for ln in save.splitlines()
                   if ln.startswith(f"-A {svc_chain} ") and "--probability" in ln)  # fmt: skip
-    fulls = proxy.log.read_text().count("synced fully")
+    before = proxy.counts()
     world.exec(world.node, f"iptables-{backend}", "-t", "nat", "-D", *shlex.split(victim)[1:])
     assert victim not in world.iptables_save("nat", backend).splitlines()
     wait_for(lambda: victim in world.iptables_save("nat", backend).splitlines(),
              timeout=3 * period, what="the deleted rule to be put back")  # fmt: skip
-    wait_for(lambda: proxy.log.read_text().count("synced fully") > fulls, timeout=10,
-             what="the full sync's log line")  # fmt: skip
+    repaired = proxy.wait_syncs(before, full=True, timeout=10, what="the full sync")
+    assert repaired.last_full_reason == "rules changed by another program"
     said = "a rule of pyproxy's was changed or deleted (the canary is still there)"
     assert said in proxy.log.read_text()
     r = world.probe("tcp", "10.96.42.1", 80, count=40)

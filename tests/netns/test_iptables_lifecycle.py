@@ -3,25 +3,18 @@ and cleanup that removes pyproxy's rules and nothing else."""
 
 from __future__ import annotations
 
-import ipaddress
+import re
 import subprocess
 
 import pytest
 
-from pyproxy.backends.iptables import names
-from pyproxy.model.types import Endpoint, NamespacedName, Protocol, ServicePortName
 from tests.netns.iptables_compare import kube_rules
-from tests.netns.services import HTTP, HTTP_EP, pods, reachable, svc
+from tests.netns.services import HTTP, HTTP_EP, pods, reachable, sep_chain, svc
 from tests.netns.world import PYPROXY, Pyproxy, World, manifest_objects, total, wait_for
 
 pytestmark = pytest.mark.netns
 PYPROXY_FLAGS = ("--iptables-backend", "legacy", "--sync-period", "3s")
 BACKEND = "legacy"
-
-
-def sep_chain(name: str, pod_ip: str) -> str:
-    spn = ServicePortName(NamespacedName("t", name), "http", Protocol.TCP)
-    return names.endpoint_chain(spn, Endpoint(ipaddress.ip_address(pod_ip), 8080))
 
 
 def test_legacy_back_end_programs_traffic(world: World, proxy: Pyproxy) -> None:
@@ -45,12 +38,14 @@ def test_refused_restore_keeps_previous_rules_then_recovers(world: World, proxy:
     world.exec(world.node, "iptables-legacy", "-t", "nat", "-N", "OTHER-AGENT")
     world.exec(world.node, "iptables-legacy", "-t", "nat", "-A", "OTHER-AGENT", "-j", old_sep)
     try:
+        before = proxy.counts()
         proxy.write(
             "b", *manifest_objects(world, svc("b", "10.96.3.2", [HTTP]), pods(world, 3), HTTP_EP)
         )
-        wait_for(lambda: "restore failed" in proxy.log.read_text(), what="the failed restore")
+        wait_for(lambda: proxy.counts().failed > before.failed, what="the failed restore")
         log = proxy.log.read_text()
-        assert f"-X {old_sep}" in log  # the offending line is logged
+        # The offending line is logged, marked, with its number in the transaction.
+        assert re.search(rf"^> *[0-9]+: -X {old_sep}$", log, re.M)
         # The transaction failed whole: the previous rules are intact and still serve.
         assert world.probe("tcp", "10.96.3.2", 80, count=10)["replies"] == {"pod-1": 10}
     finally:

@@ -6,7 +6,6 @@ program holds costs only its own listener."""
 from __future__ import annotations
 
 import subprocess
-import time
 
 import pytest
 
@@ -96,8 +95,7 @@ def test_a_taken_port_fails_only_its_listener(world: World, proxy: Pyproxy) -> N
         assert answers(world, "::1", 30183)  # the other family's listener is unaffected
     finally:
         world.stop(squatter)
-    # Once the port is free, a later sync takes it.
-    time.sleep(0.5)
+    # Once the port is free (the squatter has exited), a later sync takes it.
     proxy.write("nudge", *dual(world, "nudge", "10.96.7.5", "fd00:96::7:5", 30185, 30157, 1))
     wait_for(lambda: answers(world, "127.0.0.1", 30183), what="the freed port to be served")
 

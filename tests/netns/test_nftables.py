@@ -10,13 +10,14 @@ import subprocess
 import pytest
 
 from tests.netns import nft_compare
+from tests.netns.scenarios import changes
 from tests.netns.services import HTTP, HTTP_EP, pods, reachable, svc
-from tests.netns.test_partial_syncs import changes, synced
 from tests.netns.world import (
     CLUSTER_CIDR,
     CLUSTER_CIDR6,
     PYPROXY,
     Pyproxy,
+    SyncCounts,
     World,
     manifest_objects,
     wait_for,
@@ -38,14 +39,13 @@ def fresh_load(world: World, proxy: Pyproxy) -> dict[str, object]:
 
 
 def test_twenty_partial_syncs_leave_what_a_full_load_writes(world: World, proxy: Pyproxy) -> None:
-    wait_for(lambda: synced(proxy, "fully") == 1, what="the first full sync")
+    now = proxy.wait_syncs(SyncCounts(), full=True, what="the first full sync")
     for name, content in changes(world):
-        before = synced(proxy, "partially")
         if content is None:
             proxy.remove(name)
         else:
             proxy.write(name, *content)
-        wait_for(lambda b=before: synced(proxy, "partially") > b, what=f"a sync of {name}")
+        now = proxy.wait_programmed(now, what=f"a sync of {name}")
     expected = fresh_load(world, proxy)
     # Chains of removed services are flushed at once and deleted a second later.
     got = wait_for(
@@ -53,7 +53,7 @@ def test_twenty_partial_syncs_leave_what_a_full_load_writes(world: World, proxy:
         timeout=10,
         what="the kernel's table to equal a fresh full load",
     )
-    assert synced(proxy, "fully") == 1
+    assert proxy.counts().full == 1
     assert sum(k.startswith("chain service-") for k in got) >= 5
 
 

@@ -100,7 +100,7 @@ def test_healthz_follows_sync_health(world: World, proxy: Pyproxy) -> None:
         "currentTime",
     }
     # Block syncs: another agent references a chain pyproxy must delete.
-    from tests.netns.test_iptables_lifecycle import sep_chain
+    from tests.netns.services import sep_chain
 
     proxy.write(
         "h1", *manifest_objects(world, svc("h1", "10.96.5.2", [HTTP]), pods(world, 1), HTTP_EP)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.netns.services import HTTP, HTTP_EP, pods, reachable, svc
-from tests.netns.world import HERE, PYTHON, Pyproxy, World, manifest_objects, total, wait_for
+from tests.netns.world import HERE, PYTHON, Pyproxy, SyncCounts, World, manifest_objects, total
 
 pytestmark = pytest.mark.netns
 PYPROXY_MODES = ("iptables", "nftables")
@@ -26,14 +26,12 @@ def test_sigkill_and_restart_lose_no_connection(world: World, proxy: Pyproxy) ->
         world.client(0), PYTHON, str(HERE / "probe.py"), "tcp", "10.96.8.1", "80",
         "--count", str(COUNT), "--interval", str(INTERVAL), "--timeout", "2",
     )  # fmt: skip
-    time.sleep(1.0)
+    time.sleep(1.0)  # a second of load before the kill (the scenario, not a wait on pyproxy)
     assert proxy.proc is not None
     proxy.proc.send_signal(signal.SIGKILL)
     proxy.proc.wait(10)
-    fulls = proxy.log.read_text().count("synced fully")
-    proxy.start()
-    wait_for(lambda: proxy.log.read_text().count("synced fully") > fulls, timeout=30,
-             what="the restarted pyproxy's full sync")  # fmt: skip
+    proxy.start()  # a new process: its /debug/state counts from zero
+    proxy.wait_syncs(SyncCounts(), full=True, timeout=30, what="the restarted pyproxy's full sync")
     assert client.poll() is None, "the client must still be connecting when the sync lands"
     out, _ = client.communicate(timeout=COUNT * INTERVAL + 60)
     result = json.loads(out)

@@ -323,8 +323,9 @@ class Pyproxy:
             f"{CLUSTER_CIDR},{CLUSTER_CIDR6}",
             "--min-sync-period",
             "0.1s",
+            # In the node's namespace only: /debug/state is what the tests wait on.
             "--metrics-bind-address",
-            "",
+            f"127.0.0.1:{METRICS_PORT}",
             "--healthz-bind-address",
             "",
             *extra,
@@ -350,8 +351,47 @@ class Pyproxy:
             self.world.stop(self.proc)
             self.proc = None
 
+    def state(self) -> dict[str, Any]:
+        """pyproxy's /debug/state ({} while it does not answer)."""
+        url = f"http://127.0.0.1:{METRICS_PORT}/debug/state"
+        res = self.world.exec(self.ns, PYTHON, "-c", GET_JSON, url, check=False)
+        try:
+            doc: dict[str, Any] = json.loads(res.stdout)
+        except ValueError:
+            return {}
+        return doc
+
+    def counts(self) -> SyncCounts:
+        return SyncCounts.of(self.state())
+
     def syncs(self) -> int:
-        return self.log.read_text().count("synced ")
+        return self.counts().syncs
+
+    def wait_programmed(self, before: SyncCounts, timeout: float = 15.0,
+                        what: str = "the change to be programmed") -> SyncCounts:  # fmt: skip
+        """Until pyproxy has seen a change after ``before`` and programmed everything it has
+        seen (its generations, not its log)."""
+
+        def done() -> SyncCounts | None:
+            now = self.counts()
+            seen = now.observed > before.observed
+            return now if seen and now.programmed >= now.observed else None
+
+        result: SyncCounts = wait_for(done, timeout=timeout, what=what)
+        return result
+
+    def wait_syncs(self, more_than: SyncCounts, full: bool = False, timeout: float = 15.0,
+                   what: str = "a sync") -> SyncCounts:  # fmt: skip
+        """Until a sync (``full``: a full one) has succeeded after ``more_than`` was read."""
+
+        def done() -> SyncCounts | None:
+            now = self.counts()
+            if full:
+                return now if now.full > more_than.full else None
+            return now if now.ok > more_than.ok else None
+
+        result: SyncCounts = wait_for(done, timeout=timeout, what=what)
+        return result
 
     def write(self, name: str, *docs: dict[str, Any]) -> None:
         import yaml
@@ -363,6 +403,41 @@ class Pyproxy:
 
     def remove(self, name: str) -> None:
         (self.manifests / f"{name}.yaml").unlink(missing_ok=True)
+
+
+METRICS_PORT = 10249
+GET_JSON = r"""
+import sys, urllib.request
+try:
+    print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())
+except OSError:
+    print("{}")
+"""
+
+
+@dataclass(frozen=True)
+class SyncCounts:
+    """What pyproxy's /debug/state says about its syncs (zeros before it answers)."""
+
+    syncs: int = 0
+    full: int = 0
+    failed: int = 0
+    observed: int = 0
+    programmed: int = 0
+    last_full_reason: str = ""
+    """Why the last full sync was full."""
+
+    @property
+    def ok(self) -> int:
+        return self.syncs - self.failed
+
+    @classmethod
+    def of(cls, state: dict[str, Any]) -> SyncCounts:
+        gen = state.get("generation") or {}
+        full = state.get("lastFullSync") or {}
+        return cls(state.get("syncs", 0), state.get("fullSyncs", 0), state.get("failedSyncs", 0),
+                   gen.get("observed", 0), gen.get("programmed", 0),
+                   full.get("reason") or "")  # fmt: skip
 
 
 HOLD = r"""

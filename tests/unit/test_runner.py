@@ -156,3 +156,25 @@ def test_a_run_that_did_nothing_waits_for_a_request() -> None:
     r.run()
     r.tick()
     assert len(calls) == 2 and calls[1] > 1000.4
+
+
+def test_a_run_that_returns_seconds_has_the_next_run_by_then() -> None:
+    """Deferred work (chains to delete a second on) comes back through the runner."""
+    clock = Clock()
+    calls: list[float] = []
+
+    def fn() -> float | bool:
+        calls.append(clock.t)
+        return 2.5 if len(calls) == 1 else True
+
+    r = BoundedFrequencyRunner(fn, 1.0, 30.0, clock=clock)
+    r.tick()
+    clock.t += 2.4
+    r.tick()
+    assert calls == [1000.0]
+    clock.t += 0.1
+    r.tick()
+    assert calls == [1000.0, 1002.5]
+    clock.t += 10
+    r.tick()
+    assert calls == [1000.0, 1002.5]  # True: nothing deferred, the maximum interval applies

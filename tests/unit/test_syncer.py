@@ -8,9 +8,13 @@ import threading
 from types import FrameType
 from typing import Any
 
+import pytest
+
 import pyproxy.sync.syncer as syncer_module
-from pyproxy.backends.base import Backend, SyncRequest, SyncResult
+from pyproxy.backends.base import Backend, BackendError, SyncRequest, SyncResult
+from pyproxy.model.events import Event, EventType
 from pyproxy.model.types import ProxyState
+from pyproxy.serving.health import ProxyHealth
 from pyproxy.sync.syncer import Syncer
 from tests.helpers import endpoint, endpoint_slice, node, port, service, tracker_with
 
@@ -97,3 +101,54 @@ def test_the_full_reason_is_the_request_s() -> None:
     assert backend.requests[1].full and syncer.last_full_reason == "drift"
     syncer.sync()
     assert not backend.requests[2].full and syncer.last_full_reason == ""
+
+
+def test_generations_say_when_every_change_seen_is_programmed() -> None:
+    syncer, _ = _world()
+    tracker = syncer.tracker
+    assert syncer.stats.programmed_generation == tracker.generation > 0
+    before = tracker.generation
+    tracker.apply(Event("EndpointSlice", EventType.MODIFIED,
+                        endpoint_slice("ns", "web", "web-1", [endpoint("10.1.0.2")],
+                                       [port("http", 8080)])))  # fmt: skip
+    assert tracker.generation == before + 1 and syncer.stats.programmed_generation == before
+    syncer.sync()
+    assert syncer.stats.programmed_generation == tracker.generation
+    tracker.apply(Event("EndpointSlice", EventType.MODIFIED,
+                        endpoint_slice("ns", "web", "web-1", [endpoint("10.1.0.2")],
+                                       [port("http", 8080)])))  # fmt: skip
+    assert tracker.generation == before + 1  # nothing the proxy uses changed
+
+
+class Failing(Recording):
+    fail = False
+
+    def sync(self, request: SyncRequest) -> SyncResult:
+        if self.fail:
+            raise BackendError("refused")
+        return super().sync(request)
+
+
+def test_health_reads_what_is_not_programmed_yet() -> None:
+    """/healthz is 503 once a change has waited longer than the timeout: pending in the
+    tracker, or taken by a sync that failed; 200 again after a successful sync."""
+    now = [1000.0]
+    tracker = tracker_with("n1", node("n1"))
+    tracker._wall = lambda: now[0]  # the tracker's wall clock, for the test's timeline
+    backend = Failing()
+    syncer = Syncer(tracker, backend, wall=lambda: now[0])
+    health = ProxyHealth(60, syncer.unprogrammed_since, lambda: tracker.node, clock=lambda: now[0])
+    syncer.sync()
+    assert health.status(with_node=True)[0] == 200
+    tracker.apply(Event("Service", EventType.ADDED,
+                        service("ns", "web", "10.96.0.1", [port("http", 80)])))  # fmt: skip
+    now[0] += 61
+    assert health.status(with_node=True)[0] == 503  # pending for 61 s
+    backend.fail = True
+    with pytest.raises(BackendError):
+        syncer.sync()
+    assert health.status(with_node=True)[0] == 503  # taken, but not programmed
+    backend.fail = False
+    syncer.sync()
+    health.updated()
+    assert health.status(with_node=True)[0] == 200

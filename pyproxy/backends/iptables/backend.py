@@ -28,7 +28,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
-from typing import cast
+from typing import Any, cast
 
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -273,6 +273,12 @@ class IptablesBackend(Backend):
                                 "is still there)", fam.ipt.family_name)  # fmt: skip
                     return True
             return False
+
+    def debug_state(self) -> dict[str, Any]:
+        """Per family, whether the drift check holds a baseline (it does once pyproxy has not
+        written for a sync period)."""
+        return {"driftCheck": {w.family.value: "armed" if w.drift.armed else "waiting"
+                               for w in (self.writers() if self._engine else ())}}  # fmt: skip
 
     def sync(self, request: SyncRequest) -> SyncResult:
         with self._writing:

@@ -77,24 +77,42 @@ def ensure_canary(ipt: Iptables) -> None:
 class DriftWatch:
     """Notices pyproxy's rules changed or deleted by someone else, one rule as well as a flush
     (the canary only shows the latter): pyproxy's lines in the kernel (every ``KUBE-`` chain
-    and jump, as iptables-save prints them, without counters) against the same listing taken
-    at the first look after pyproxy's own last write. A listing costs a save (0.56 s at
-    10,000 services), so on the nf_tables back end it is taken only when the ruleset
-    generation moved since the last look (any write to any table moves it; reading does not);
-    the legacy back end has no generation and is listed at every look. A change made between
-    pyproxy's write and the next look is not seen."""
+    and jump, as iptables-save prints them, without counters) against a baseline listing. A
+    listing costs a save (0.56 s at 10,000 services), so:
+
+    - the baseline is taken at a look with no write of pyproxy's since the previous look, never
+      at the look right after a write: while changes keep coming (a large cluster's steady
+      state) a baseline would be stale a second later, and listing the whole table every
+      period to take it cost most of pyproxy's CPU under churn (measured: README, "CPU under
+      churn"); the check is armed again once pyproxy has not written for a period;
+    - once armed, on the nf_tables back end a look lists only when the ruleset generation
+      moved since the last look (any write to any table moves it; reading does not); the
+      legacy back end has no generation and is listed at every look.
+
+    A change made by someone else while pyproxy keeps writing is seen by the canary (a
+    flush) and by the next full sync, not here."""
 
     def __init__(self, ipt: Iptables) -> None:
         self.ipt = ipt
         self._generation: int | None = None
         self._snapshot: Counter[str] | None = None
+        self._wrote = True
+
+    @property
+    def armed(self) -> bool:
+        """Whether a baseline is held, so that the next look can see a change."""
+        return self._snapshot is not None
 
     def wrote(self) -> None:
-        """pyproxy wrote: the next look takes a new snapshot."""
+        """pyproxy wrote: the baseline is stale, and the next look does not take another."""
         self._snapshot = None
         self._generation = None
+        self._wrote = True
 
     def changed(self) -> bool:
+        if self._wrote:
+            self._wrote = False
+            return False
         gen = nft.generation() if self.ipt.backend == "nft" else None
         if gen is not None and gen == self._generation:
             return False
