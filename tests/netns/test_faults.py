@@ -93,11 +93,12 @@ def test_xtables_lock_held_for_20s(
         fcntl.flock(held, fcntl.LOCK_EX)
         taken = time.monotonic()
         client = steady_client(world, "10.96.40.1", count, interval)
-        before = proxy.counts()
+        failures = "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"
+        before = metric(scrape(world), failures, '{ip_family="IPv4"}')
         proxy.write("b", *manifest_objects(world, svc("b", "10.96.40.2", [HTTP]), pods(world, 2),
                                            HTTP_EP))  # fmt: skip
-        wait_for(lambda: proxy.counts().failed > before.failed, timeout=15,
-                 what="a sync failing on the held lock")  # fmt: skip
+        wait_for(lambda: metric(scrape(world), failures, '{ip_family="IPv4"}') > before,
+                 timeout=15, what="a restore failing on the held lock")  # fmt: skip
         assert "holding the xtables lock" in proxy.log.read_text()  # the reason is logged
         time.sleep(max(0.0, taken + HOLD_SECONDS - 1.5 - time.monotonic()))  # the lock held
         # Still held: the new service cannot have been programmed.
@@ -148,9 +149,10 @@ def test_restore_killed_mid_transaction(
                                        HTTP_EP))  # fmt: skip
     wait_for(lambda: Path(f"{trigger}.done").exists(), timeout=15, what="the killed restore")
     reachable(world, "10.96.41.2", timeout=30)
-    # The sync after the failure is full.
-    after = proxy.wait_syncs(first, full=True, what="a full sync after the failed one")
-    assert after.failed > first.failed and after.last_full_reason == "previous sync failed"
+    # The failed partial write is followed, in the same sync, by a full one, which says why.
+    after = proxy.wait_syncs(first, full=True, what="a full sync after the failed write")
+    assert after.last_full_reason.startswith("a partial write failed: ")
+    assert after.last_full_reason.endswith("iptables-nft-restore failed: killed by signal 9")
     assert "iptables-nft-restore failed: killed by signal 9" in proxy.log.read_text()
     # /debug/rules keeps the failed transaction with its error beside the last applied ones.
     rules = json.loads(get(world, "http://127.0.0.1:10249/debug/rules")["body"])
