@@ -11,9 +11,11 @@ guest powers itself off, and a time limit kills it otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -90,18 +92,19 @@ sleep 5
             f"umid=pyproxy{os.getpid()}",
             "quiet",
         ]
+        # Its own session: whatever ends the wait (its timeout, pytest-timeout, ^C), the
+        # guest's processes (one per guest thread) are all killed on the way out.
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", stdin=subprocess.DEVNULL,
+                                start_new_session=True)  # fmt: skip
         try:
-            proc = subprocess.run(
-                cmd,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                errors="replace",
-                stdin=subprocess.DEVNULL,
-            )
-            console = proc.stdout + proc.stderr
-        except subprocess.TimeoutExpired as err:
-            console = f"killed after {timeout}s\n{err.stdout or ''}"
+            console, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            console = f"killed after {timeout}s\n"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         out = (work / "output").read_text(errors="replace") if (work / "output").exists() else ""
         rc_file = work / "rc"
         rc = int(rc_file.read_text().strip()) if rc_file.exists() else -1
