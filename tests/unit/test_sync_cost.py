@@ -69,7 +69,9 @@ def world() -> tuple[ChangeTracker, Syncer, RecordingIptables, Renderer]:
         )
         tracker.apply(Event(kind, EventType.SYNCED))
     ipt = RecordingIptables()
-    backend = IptablesBackend(ProxyConfig(), tables={IPFamily.IPV4: ipt})
+    sysctls: list[Any] = []  # the port: a unit test never writes this host's /proc/sys
+    backend = IptablesBackend(ProxyConfig(), tables={IPFamily.IPV4: ipt},
+                              sysctls=lambda *a, **k: sysctls.append(a))  # fmt: skip
     (family,) = backend.writers()
     return tracker, Syncer(tracker, backend), ipt, family.cache
 

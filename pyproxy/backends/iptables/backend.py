@@ -178,11 +178,14 @@ class IptablesBackend(Backend):
         cfg: ProxyConfig,
         tables: Mapping[IPFamily, Iptables] | None = None,
         delete_conntrack: DeleteConntrack = conntrack.delete,
+        sysctls: Callable[..., None] = require_sysctls,
     ) -> None:
-        """``tables`` and ``delete_conntrack`` are the kernel ports (default: the host's
-        iptables back end chosen by the configuration, and the conntrack tool)."""
+        """``tables``, ``delete_conntrack`` and ``sysctls`` are the kernel ports (default: the
+        iptables back end chosen by the configuration, the conntrack tool, and /proc/sys of
+        this network namespace)."""
         self.proxy = cfg
         self._tables = tables
+        self._sysctls = sysctls
         self._delete_conntrack = delete_conntrack
         self.configs = {f: IptablesConfig(family=f, proxy=cfg) for f in FAMILIES}
         self._engine: Engine[Rendered] | None = None
@@ -253,7 +256,7 @@ class IptablesBackend(Backend):
             tables = self._tables or open_tables(self.proxy.iptables_backend, FAMILIES, self.mode)
             writers = [IptablesFamily(self, self.configs[f], ipt) for f, ipt in tables.items()]
             if self.configs[IPFamily.IPV4].localhost_enabled and IPFamily.IPV4 in tables:
-                require_sysctls([("net.ipv4.conf.all.route_localnet", "1")],
+                self._sysctls([("net.ipv4.conf.all.route_localnet", "1")],
                                 "NodePorts on localhost",
                                 "pass --iptables-localhost-nodeports=false")  # fmt: skip
             self._engine = Engine(writers, self._delete_conntrack)
