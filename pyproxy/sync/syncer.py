@@ -32,8 +32,6 @@ FULL_SYNC_PERIOD = 3600.0
 class SyncRecord:
     finished: float
     """Wall-clock time the sync ended."""
-    taken: float
-    """Wall-clock time the sync took its snapshot of the tracker's state."""
     duration: float
     full: bool
     ok: bool
@@ -80,13 +78,13 @@ class Syncer:
         """Why the next sync must be full (None: nothing asked); guarded by _request_lock."""
         self._request_lock = threading.Lock()
         self.last_full_reason = ""
-        """Why the last sync was full ("" after a partial one), for /debug/state."""
+        """Why the last successful sync was full ("" after a partial one)."""
         self.last_record: SyncRecord | None = None
         self._failed_since: float | None = None
         """Wall-clock time of the oldest change a failed sync took (it is not programmed)."""
         self.last_full: SyncRecord | None = None
         """The last successful full sync (its reason and when), for /debug/state."""
-        self._last_full: float | None = None
+        self._last_full_at: float | None = None
         self._lock = threading.Lock()
         self.stats = SyncStats()
         self.listeners: list[Callable[[SyncRecord], None]] = []
@@ -118,7 +116,6 @@ class Syncer:
 
     def _sync_locked(self) -> float | None:
         start = self._clock()
-        taken = self._wall()
         with self._request_lock:
             requested, self._requested = self._requested, None
         changes = self.tracker.take()
@@ -129,16 +126,15 @@ class Syncer:
             result = self.backend.sync(request)
         except Exception as err:
             self.request_full("previous sync failed")  # the changes are consumed
-            if changes.first_seen_wall is not None:
-                since = self._failed_since
-                self._failed_since = min(since or changes.first_seen_wall, changes.first_seen_wall)
+            seen, since = changes.first_seen_wall, self._failed_since
+            if seen is not None:
+                self._failed_since = seen if since is None else min(since, seen)
             msg = str(err).splitlines()[0] if str(err) else type(err).__name__
             if not isinstance(err, BackendError):
                 log.exception("backend crashed during sync")
             self._record(
                 SyncRecord(
                     self._wall(),
-                    taken,
                     self._clock() - start,
                     full,
                     False,
@@ -153,7 +149,7 @@ class Syncer:
         self.stats.programmed_generation = changes.generation
         self._failed_since = None  # a sync after a failure is full: everything is programmed
         if result.full:
-            self._last_full = start
+            self._last_full_at = start
             reason = reason or result.reason or "the backend needed one"
         self.last_full_reason = reason if result.full else ""
         latencies = [end_wall - t for times in changes.trigger_times.values() for t in times]
@@ -161,7 +157,6 @@ class Syncer:
             latencies = [end - changes.first_seen]
         rec = SyncRecord(
             end_wall,
-            taken,
             end - start,
             result.full,
             True,
@@ -196,9 +191,9 @@ class Syncer:
             return requested
         if from_changes:
             return from_changes
-        if self._last_full is None:
+        if self._last_full_at is None:
             return "start"
-        if now - self._last_full >= self.full_sync_period:
+        if now - self._last_full_at >= self.full_sync_period:
             return "periodic"
         return ""
 

@@ -10,10 +10,11 @@ full sync will do. Pure: nothing here touches the kernel.
 
 from __future__ import annotations
 
+import abc
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from pyproxy.model.types import Endpoint, IPFamily, NamespacedName, ProxyState, ServicePort
 
@@ -82,9 +83,13 @@ class ServiceTable(Generic[Obj]):
                 self._count(entry, 1)
 
 
-class ServiceCache(Generic[Obj, F]):
+T = TypeVar("T", bound=ServiceTable[Any])
+
+
+class ServiceCache(abc.ABC, Generic[Obj, F, T]):
     """Renders one family's services, reusing each one's objects while its inputs are the
-    same."""
+    same. A mode's cache says how a table is made of the entries (``table``) and what its
+    static objects depend on beyond the facts (``static_inputs``)."""
 
     def __init__(
         self,
@@ -99,6 +104,18 @@ class ServiceCache(Generic[Obj, F]):
         self._render = render
         self.renders = 0
         """Services rendered so far (a cache miss each); tests count them."""
+
+    @abc.abstractmethod
+    def table(self, state: ProxyState, facts: F, entries: Mapping[NamespacedName, Entry[Obj]]) -> T:
+        """The whole table for ``state``: the mode's static objects and ``entries``."""
+
+    def static_inputs(self, state: ProxyState) -> Hashable:
+        """What the static objects are built from beyond the facts (a change: full sync)."""
+        return ()
+
+    def render(self, state: ProxyState, previous: T | None = None) -> T:
+        """The whole table; unchanged services reuse ``previous``'s rendering."""
+        return self.table(state, *self.full(state, previous))
 
     def entry(
         self, state: ProxyState, svc: NamespacedName, facts: F, cached: Entry[Obj] | None

@@ -9,7 +9,7 @@ gathers the timings, the no-local-endpoint counts and the mode's deferred work
 (``sync_again_in``). Upstream writes this loop once per mode, and its metaproxier runs one
 proxier per family; here it is written once for every mode.
 
-A mode supplies a ``FamilyWriter`` per family: rendering (through ``cache`` and ``table``),
+A mode supplies a ``FamilyWriter`` per family: rendering (through its ``cache``),
 and turning tables into its kernel's language and applying them (``write_full``,
 ``write_partial``). Kernel-free: the kernel is reached only through the writers and the
 conntrack port passed in.
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from pyproxy.backends.base import BackendError, SyncRequest, SyncResult
@@ -43,18 +43,8 @@ class FamilyWriter(Protocol[T]):
     def family(self) -> IPFamily: ...
 
     @property
-    def cache(self) -> ServiceCache[Any, Any]:
-        """Renders the family's services (its ``renders`` count cache misses)."""
-        ...
-
-    def table(
-        self, state: ProxyState, facts: Any, entries: Mapping[NamespacedName, Entry[Any]]
-    ) -> T:
-        """The whole table for ``state``: the mode's static objects and ``entries``."""
-        ...
-
-    def static_inputs(self, state: ProxyState) -> Hashable:
-        """What the static objects are built from beyond the facts (a change: full sync)."""
+    def cache(self) -> ServiceCache[Any, Any, T]:
+        """Renders the family's tables (its ``renders`` count cache misses)."""
         ...
 
     def before_partial(self, programmed: T, now: float) -> str:
@@ -62,7 +52,7 @@ class FamilyWriter(Protocol[T]):
         second ago); a reason for a full sync instead, or ""."""
         ...
 
-    def write_full(self, new: T, reason: str) -> None:
+    def write_full(self, new: T) -> None:
         """Make the kernel hold ``new``; BackendError if it did not take it."""
         ...
 
@@ -88,7 +78,6 @@ class _Family(Generic[T]):
     trusted: bool = False
     """Whether the kernel holds ``programmed`` (False after a failed write)."""
     last_state: ProxyState | None = None
-    reason: str = field(default="")
 
 
 @dataclass
@@ -166,7 +155,7 @@ class Engine(Generic[T]):
             programmed = fam.programmed
             t0 = self._clock()
             updates = None
-            if w.static_inputs(state) == programmed.static_inputs:
+            if w.cache.static_inputs(state) == programmed.static_inputs:
                 updates = w.cache.updates(state, request.changed, programmed)
             t1 = self._clock()
             times.render += t1 - t0
@@ -187,13 +176,12 @@ class Engine(Generic[T]):
                 finally:
                     times.apply += self._clock() - t1
         t0 = self._clock()
-        facts, entries = w.cache.full(state, fam.programmed)
-        new = w.table(state, facts, entries)
+        new = w.cache.render(state, fam.programmed)
         t1 = self._clock()
         times.render += t1 - t0
         fam.programmed, fam.trusted = new, False
         try:
-            w.write_full(new, reason)
+            w.write_full(new)
         finally:
             times.apply += self._clock() - t1
         fam.trusted = True

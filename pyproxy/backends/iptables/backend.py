@@ -52,10 +52,8 @@ from pyproxy.backends.iptables.render import (
     IptablesConfig,
 )
 from pyproxy.backends.iptables.table import (
-    Facts,
     Rendered,
     Renderer,
-    ServiceEntry,
     Updates,
     partial_text,
 )
@@ -78,7 +76,7 @@ from pyproxy.backends.xtables.walk import Walker
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.kernel import conntrack
 from pyproxy.kernel.iptables import Iptables, IptablesError, chains_in_save, extract_lines
-from pyproxy.model.types import IPFamily, NamespacedName, ProxyState
+from pyproxy.model.types import IPFamily, ProxyState
 
 log = logging.getLogger(__name__)
 
@@ -99,14 +97,6 @@ class IptablesFamily:
         self.drift = DriftWatch(ipt)
         self._backend = backend
 
-    def table(
-        self, state: ProxyState, facts: Facts, entries: Mapping[NamespacedName, ServiceEntry]
-    ) -> Rendered:
-        return self.cache.table(state, facts, entries)
-
-    def static_inputs(self, state: ProxyState) -> tuple[()]:
-        return ()
-
     def before_partial(self, programmed: Rendered, now: float) -> str:
         return ""
 
@@ -119,7 +109,7 @@ class IptablesFamily:
             self._backend.restore(self, text, partial=True)
         return lambda: self._backend.count(self, programmed, [text] if text else [])
 
-    def write_full(self, new: Rendered, reason: str) -> None:
+    def write_full(self, new: Rendered) -> None:
         ensure_canary(self.ipt)
         try:
             existing = chains_in_save(self.ipt.save("nat"))
@@ -230,7 +220,7 @@ class IptablesBackend(Backend):
         """The KUBE-SEP DNAT rules' counters: new connections (a connection's first packet is
         the only one the nat table sees) and the bytes of those first packets."""
         try:
-            saves = [fam.ipt.save("nat", counters=True) for fam in self._setup()]
+            saves = [fam.ipt.save("nat", counters=True) for fam in self.writers()]
         except IptablesError as err:
             raise BackendError(f"cannot read rule counters: {err}") from None
         return by_service_port(
@@ -242,10 +232,7 @@ class IptablesBackend(Backend):
     # ---- sync -----------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        self._setup()
-
-    def _setup(self) -> list[IptablesFamily]:
-        return self.writers()
+        self.writers()
 
     def writers(self) -> list[IptablesFamily]:
         """Each family's part of a sync (sets up the kernel ports on first use)."""

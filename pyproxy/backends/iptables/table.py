@@ -169,7 +169,7 @@ def _nat_text(chains: list[tuple[str, list[str]]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-class Renderer(ServiceCache[ServiceRender, Facts]):
+class Renderer(ServiceCache[ServiceRender, Facts, Rendered]):
     """Renders one family's services, reusing each one's rules while its inputs are the same."""
 
     def __init__(self, cfg: IptablesConfig) -> None:
@@ -190,10 +190,6 @@ class Renderer(ServiceCache[ServiceRender, Facts]):
         """The rule set of ``entries`` with the lines that depend on no service."""
         filt, nat = static_lines(facts.node, self.cfg)
         return Rendered(self.cfg, facts, filt, nat, nodeports_tail(facts.node, self.cfg), entries)
-
-    def render(self, state: ProxyState, previous: Rendered | None = None) -> Rendered:
-        """The whole rule set; unchanged services reuse ``previous``'s rendering."""
-        return self.table(state, *self.full(state, previous))
 
 
 def render(state: ProxyState, cfg: IptablesConfig) -> Rendered:

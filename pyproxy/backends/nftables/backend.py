@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator
 from typing import cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -41,10 +41,9 @@ from pyproxy.backends.nftables.render import (
     LOCALHOST_PROTOCOLS,
     TABLE,
     NftConfig,
-    NodeFacts,
     localhost_reject_counter,
 )
-from pyproxy.backends.nftables.table import Rendered, Renderer, ServiceEntry, Updates
+from pyproxy.backends.nftables.table import Rendered, Renderer, Updates
 from pyproxy.backends.nftables.walk import Walker
 from pyproxy.backends.trace import Packet, Trace
 from pyproxy.config.settings import ProxyConfig
@@ -136,14 +135,6 @@ class NftablesFamily:
         self._nft = nft
         self._backend = backend
 
-    def table(
-        self, state: ProxyState, facts: NodeFacts, entries: Mapping[NamespacedName, ServiceEntry]
-    ) -> Rendered:
-        return self.cache.table(state, facts, entries)
-
-    def static_inputs(self, state: ProxyState) -> tuple[object, ...]:
-        return state.service_cidrs
-
     def deferred_until(self) -> float | None:
         pending = self.mirror.stale_chains.values()
         return min(pending) + tx.STALE_CHAIN_DELAY if pending else None
@@ -175,7 +166,7 @@ class NftablesFamily:
             self._run(written.text)
         return lambda: tx.written_after_partial(written, self.mirror, time.monotonic())
 
-    def write_full(self, new: Rendered, reason: str) -> None:
+    def write_full(self, new: Rendered) -> None:
         nft_family = self.cfg.nft_family
         try:
             existing = self._nft.names(nft_family, TABLE)

@@ -174,7 +174,7 @@ class Rendered(ServiceTable[ServiceObjects]):
         ]
 
 
-class Renderer(ServiceCache[ServiceObjects, NodeFacts]):
+class Renderer(ServiceCache[ServiceObjects, NodeFacts, Rendered]):
     """Renders one family's services, reusing each one's objects while its inputs are the same."""
 
     def __init__(self, cfg: NftConfig) -> None:
@@ -195,8 +195,9 @@ class Renderer(ServiceCache[ServiceObjects, NodeFacts]):
         static = static_objects(self.cfg, facts, state.service_cidrs)
         return Rendered(self.cfg, facts, state.service_cidrs, static, entries)
 
-    def render(self, state: ProxyState, previous: Rendered | None = None) -> Rendered:
-        return self.table(state, *self.full(state, previous))
+    def static_inputs(self, state: ProxyState) -> tuple[object, ...]:
+        """The service CIDRs: the static part's only input beyond the node's facts."""
+        return state.service_cidrs
 
 
 def render(state: ProxyState, cfg: NftConfig) -> Rendered:
