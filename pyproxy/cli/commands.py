@@ -22,7 +22,14 @@ from pyproxy.backends import registry
 from pyproxy.backends.base import BackendError, BackendUnavailable
 from pyproxy.cli import memory
 from pyproxy.cli.logs import setup_logging
-from pyproxy.config.load import ConfigError, Setting, all_settings, default_document, load
+from pyproxy.config.load import (
+    ConfigError,
+    Setting,
+    all_settings,
+    default_document,
+    load,
+    own_settings,
+)
 from pyproxy.config.settings import (
     IPTABLES_BACKENDS,
     LOG_FORMATS,
@@ -40,17 +47,14 @@ def _settings() -> dict[str, Setting]:
     return {s.name: s for s in all_settings(registry.modes(), registry.DEFAULT)}
 
 
-def _default(name: str) -> Any:
-    return _settings()[name].default
-
-
 def _opt(name: str, *decls: str, help: str, **kw: Any) -> Decorator:
     """A click option for setting ``name``, with the table's flag and default."""
-    flag = _settings()[name].flag
+    setting = _settings()[name]
+    flag = setting.flag
     names = list(decls) if any("/" in d for d in decls) else list(dict.fromkeys((flag, *decls)))
     if "is_flag" not in kw and "type" not in kw:
-        kw["show_default"] = _default(name) not in (None, "")
-    return click.option(*names, name, default=_default(name), help=help, **kw)
+        kw["show_default"] = setting.default not in (None, "")
+    return click.option(*names, name, default=setting.default, help=help, **kw)
 
 
 def _bool_opt(name: str, help: str) -> Decorator:
@@ -90,8 +94,7 @@ def _mode_option(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def _modes_own_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """The settings modes declare for themselves, as options."""
-    own = {s.name: s for m in registry.modes() for s in m.settings}
-    for s in reversed(own.values()):
+    for s in reversed(own_settings(registry.modes())):
         if s.default is True or s.default is False:
             f = _bool_opt(s.name, help=s.help)(f)
         elif s.choices:
@@ -164,10 +167,11 @@ def _rule_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def _config(ctx: click.Context, params: dict[str, Any], **fixed: Any) -> ProxyConfig:
     """Flags the user gave (not click's defaults) over --config over the defaults."""
+    settings = _settings()
     given = {
         k: v
         for k, v in params.items()
-        if k in _settings()
+        if k in settings
         and ctx.get_parameter_source(k) not in (None, click.core.ParameterSource.DEFAULT)
     }
     return load({**given, **fixed}, params.get("config_file"), registry.modes(), registry.DEFAULT)

@@ -301,18 +301,23 @@ def mode_setting(modes: Sequence[ModeSettings], default: str) -> Setting:
     return Setting("mode", "--mode", "mode", default, choice(*names), "Proxy backend.", names)
 
 
+def own_settings(modes: Sequence[ModeSettings]) -> tuple[Setting, ...]:
+    """The settings the modes declare for themselves (one declared by two counts once)."""
+    return tuple({s.name: s for m in modes for s in m.settings}.values())
+
+
 def all_settings(modes: Sequence[ModeSettings], default: str) -> tuple[Setting, ...]:
     """Every setting: the mode first (the file's sections depend on it), the shared ones,
-    then each mode's own (one declared by two modes counts once)."""
-    own = {s.name: s for m in modes for s in m.settings}
-    return (mode_setting(modes, default), *SETTINGS, *own.values())
+    then each mode's own."""
+    return (mode_setting(modes, default), *SETTINGS, *own_settings(modes))
 
 
 # ---- the file -------------------------------------------------------------------------------
 
 
-def read_file(path: str, modes: Sequence[ModeSettings], default: str) -> dict[str, Any]:
-    """The file's fields, flattened to dotted paths."""
+def read_file(path: str, known: set[str]) -> dict[str, Any]:
+    """The file's fields, flattened to dotted paths (a mapping whose path is one of the
+    ``known`` fields stays whole)."""
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         doc = yaml.load(Path(path).read_text(), Loader=loader)
@@ -322,7 +327,7 @@ def read_file(path: str, modes: Sequence[ModeSettings], default: str) -> dict[st
         raise ConfigError(f"--config: {path} is not a {KIND} mapping")
     if doc.get("kind", KIND) != KIND:
         raise ConfigError(f"--config: {path} has kind {doc.get('kind')!r}, want {KIND}")
-    return _flatten(doc, _known_fields(modes, default))
+    return _flatten(doc, known)
 
 
 def _known_fields(modes: Sequence[ModeSettings], default: str) -> set[str]:
@@ -376,9 +381,11 @@ def load(
     """The configuration from the flags given on the command line (name -> value, only the
     ones the user set) over an optional file over the defaults; ``modes`` are the modes
     there are, ``default`` the mode without --mode."""
-    fields = read_file(config_file, modes, default) if config_file else {}
+    fields: dict[str, Any] = {}
     if config_file:
-        _warn_unknown(config_file, fields, _known_fields(modes, default))
+        known = _known_fields(modes, default)
+        fields = read_file(config_file, known)
+        _warn_unknown(config_file, fields, known)
     by_name = {m.name: m for m in modes}
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}

@@ -74,7 +74,7 @@ class ProxyConfig:
 
     def option(self, name: str, default: Any = None) -> Any:
         """A mode's own setting, as parsed (``default`` when not given)."""
-        return dict(self.options).get(name, default)
+        return next((value for key, value in self.options if key == name), default)
 
     def with_options(self, **values: Any) -> ProxyConfig:
         """This configuration with some mode settings replaced (tests, tools)."""

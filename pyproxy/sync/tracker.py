@@ -383,6 +383,7 @@ class ChangeTracker:
     def take(self) -> Changes:
         """Consume everything pending: the returned state becomes the new 'last synced'."""
         with self._lock:
+            pending = self._pending_any()
             result = Changes(
                 state=self._state_locked(),
                 changed_services=frozenset(
@@ -396,8 +397,8 @@ class ChangeTracker:
                     for k, v in self._trigger_times.items()
                     if k in self._pending_endpoints
                 },
-                first_seen=self._first_seen if self._pending_any() else None,
-                first_seen_wall=self._first_seen_wall if self._pending_any() else None,
+                first_seen=self._first_seen if pending else None,
+                first_seen_wall=self._first_seen_wall if pending else None,
                 generation=self.generation,
             )
             self._synced_node_labels = dict(self._node.labels)
