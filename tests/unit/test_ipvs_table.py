@@ -9,7 +9,7 @@ from typing import Any
 
 from pyproxy.backends.ipvs.diff import CurrentDest, CurrentService, Plan, plan_partial
 from pyproxy.backends.ipvs.render import Entry, IpvsConfig, VSKey
-from pyproxy.backends.ipvs.table import Table, render
+from pyproxy.backends.ipvs.table import IpvsCache, render
 from pyproxy.model.events import Event, EventType
 from pyproxy.model.types import IPFamily
 from tests.helpers import endpoint, endpoint_slice, node, port, service, tracker_with
@@ -115,7 +115,8 @@ def deleted(obj: dict[str, Any]) -> Event:
 def test_partial_updates_equal_a_full_render_and_their_deltas_a_full_sync() -> None:
     tracker = tracker_with("node-a", NODE)
     first = tracker.take()
-    table = Table.build(first.state, CFG)
+    cache = IpvsCache(CFG)
+    table = cache.render(first.state)
     kernel = Kernel()
     steps = [*STEPS, ("delete b", []), ("delete a's slice", [])]
     for what, objs in steps:
@@ -127,8 +128,14 @@ def test_partial_updates_equal_a_full_render_and_their_deltas_a_full_sync() -> N
         for obj in objs:
             tracker.apply(Event(obj["kind"], EventType.MODIFIED, obj))
         changes = tracker.take()
-        delta = table.update(changes.state, changes.changed_services)
+        updates = cache.updates(changes.state, changes.changed_services, table)
+        assert updates is not None, what
+        before = table.desired()
+        delta = table.delta(updates)
+        assert table.desired() == before, f"{what}: working out the delta changed the table"
+        table.apply(updates)
         want = render(changes.state, CFG)
+        assert table.real_servers == sum(len(vs.dests) for vs in want.services.values()), what
         got = table.desired()
         assert (got.services, got.addresses, got.no_local) == (
             want.services, want.addresses, want.no_local,
@@ -136,8 +143,7 @@ def test_partial_updates_equal_a_full_render_and_their_deltas_a_full_sync() -> N
         assert {n: v for n, v in got.ipsets.items() if v} == {
             n: v for n, v in want.ipsets.items() if v
         }, what
-        wanted = {k: table.virtual_server(k) for k in delta.services}
-        kernel.write(plan_partial(wanted, kernel.current(), delta))
+        kernel.write(plan_partial(delta.wanted, kernel.current(), delta))
         assert kernel.services == {k: vs.dests for k, vs in want.services.items()}, what
         assert kernel.addresses == want.addresses, what
         assert {n: v for n, v in kernel.ipsets.items() if v} == {
@@ -155,10 +161,13 @@ def test_shared_items_leave_with_their_last_user() -> None:
         eps("b", ["10.1.0.2"]),
         eps("c", ["10.1.0.2"], [HTTP]),  # the same pod port: one KUBE-LOOP-BACK entry
     )
-    table = Table.build(tracker.take().state, CFG)
+    cache = IpvsCache(CFG)
+    table = cache.render(tracker.take().state)
     tracker.apply(deleted(svc("c", "10.96.0.3", [HTTP])))
     changes = tracker.take()
-    delta = table.update(changes.state, changes.changed_services)
+    updates = cache.updates(changes.state, changes.changed_services, table)
+    assert updates is not None
+    delta = table.delta(updates)
     assert delta.delete_addresses == {"10.96.0.3"}  # 198.51.100.1 is still b's
     assert delta.ipset_delete.get("KUBE-LOOP-BACK", set()) == set()
     assert delta.ipset_delete["KUBE-CLUSTER-IP"] == {("10.96.0.3", "tcp:443")}
@@ -171,16 +180,21 @@ def test_one_change_among_many_renders_one_service() -> None:
     for i in range(2000):
         objs += [svc(f"s{i}", f"10.96.{i // 256}.{i % 256}", [HTTP]), eps(f"s{i}", ["10.1.0.1"])]
     tracker = tracker_with("node-a", *objs)
-    table = Table.build(tracker.take().state, CFG)
-    assert table.renders == 2000
+    cache = IpvsCache(CFG)
+    table = cache.render(tracker.take().state)
+    assert cache.renders == 2000
     tracker.apply(Event("EndpointSlice", EventType.MODIFIED, eps("s7", ["10.1.0.9"])))
     changes = tracker.take()
-    delta = table.update(changes.state, changes.changed_services)
-    assert table.renders == 2001
+    updates = cache.updates(changes.state, changes.changed_services, table)
+    assert updates is not None
+    delta = table.delta(updates)
+    assert table.real_servers == 2000
+    table.apply(updates)
+    assert cache.renders == 2001
     assert delta.services == {(6, "10.96.0.7", 80)}
     added = {n: v for n, v in delta.ipset_add.items() if v}
     assert added == {"KUBE-LOOP-BACK": {("10.1.0.9", "tcp:8080", "10.1.0.9")}}
     assert not delta.add_addresses and not delta.delete_addresses
     assert table.real_servers == 2000
-    nothing = table.update(tracker.take().state, [])
-    assert nothing.empty() and table.renders == 2001
+    nothing = cache.updates(tracker.take().state, [], table)
+    assert nothing == {} and cache.renders == 2001

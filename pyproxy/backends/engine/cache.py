@@ -64,9 +64,9 @@ class ServiceTable(Generic[Obj]):
         self.no_local: Counter[str] = Counter(internal=0, external=0)
         for svc, entry in entries.items():
             self.entries[svc] = entry
-            self._count(entry, 1)
+            self._count(svc, entry, 1)
 
-    def _count(self, entry: Entry[Obj], sign: int) -> None:
+    def _count(self, svc: NamespacedName, entry: Entry[Obj], sign: int) -> None:
         self.endpoints += sign * entry.endpoints
         self.no_local["internal"] += sign * entry.objects.no_local_internal
         self.no_local["external"] += sign * entry.objects.no_local_external
@@ -77,10 +77,10 @@ class ServiceTable(Generic[Obj]):
         for svc, entry in updates.items():
             old = self.entries.pop(svc, None)
             if old is not None:
-                self._count(old, -1)
+                self._count(svc, old, -1)
             if entry is not None:
                 self.entries[svc] = entry
-                self._count(entry, 1)
+                self._count(svc, entry, 1)
 
 
 T = TypeVar("T", bound=ServiceTable[Any])

@@ -96,8 +96,8 @@ class Rendered(ServiceTable[ServiceRender]):
     def services(self) -> dict[NamespacedName, ServiceRender]:
         return {svc: e.objects for svc, e in self.entries.items()}
 
-    def _count(self, entry: ServiceEntry, sign: int) -> None:
-        super()._count(entry, sign)
+    def _count(self, svc: NamespacedName, entry: ServiceEntry, sign: int) -> None:
+        super()._count(svc, entry, sign)
         for table, n in _rule_counts(entry.objects).items():
             self.counts[table] += sign * n
 

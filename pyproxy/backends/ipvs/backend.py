@@ -2,20 +2,21 @@
 ``pyproxy.kernel`` (pyroute2 for IPVS, ipsets and kube-ipvs0; iptables-restore for the few
 rules). Nothing is flushed at start-up, so a restart keeps traffic flowing.
 
+It runs on the shared engine (``backends/engine``), one ``IpvsFamily`` writer per IP family.
 A full sync (at start, after an error, when the node's facts change, hourly) reads the
-kernel's virtual servers, ipsets and addresses and writes every difference. Between full
-syncs pyproxy keeps its view of what it wrote: a partial sync renders the changed services
-only, and reads from the kernel only the real servers of the virtual servers it touches or
-that are draining, so its cost follows the change, not the cluster. Any error drops the view
-and the next sync reads the kernel again.
+kernel's virtual servers, ipsets and addresses of its family and writes every difference.
+Between full syncs each writer keeps its view of what it wrote: a partial sync renders the
+changed services only, and reads from the kernel only the real servers of the virtual servers
+it touches or that are draining, so its cost follows the change, not the cluster. A partial
+write that fails is followed by a full one in the same sync.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import cast
 
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -29,6 +30,7 @@ from pyproxy.backends.base import (
     SyncResult,
     by_service_port,
 )
+from pyproxy.backends.engine.engine import DeleteConntrack, Engine
 from pyproxy.backends.ipvs.diff import CurrentDest, CurrentService, Plan, plan, plan_partial
 from pyproxy.backends.ipvs.mode import SCHEDULERS
 from pyproxy.backends.ipvs.render import (
@@ -42,10 +44,9 @@ from pyproxy.backends.ipvs.render import (
     family_sets,
     set_name,
 )
-from pyproxy.backends.ipvs.table import Delta, Table, render
+from pyproxy.backends.ipvs.table import IpvsCache, IpvsTable, Updates, render
 from pyproxy.backends.ipvs.walk import IpvsWalk
 from pyproxy.backends.metrics import FAMILY, RestoreFailures
-from pyproxy.backends.stale_conntrack import stale_filters
 from pyproxy.backends.sysctls import require_sysctls
 from pyproxy.backends.trace import Packet, Trace
 from pyproxy.backends.xtables.compare import compare as xtables_compare
@@ -90,7 +91,7 @@ class IpvsMetrics:
 
 @dataclass
 class _View:
-    """What pyproxy wrote into IPVS since the last full sync, trusted until an error."""
+    """What a writer put into IPVS since its last full sync, trusted until an error."""
 
     services: dict[VSKey, kipvs.Service]
     """Virtual servers with the scheduler and persistence written."""
@@ -103,8 +104,99 @@ def _current_of(ipvs: kipvs.Ipvs, key: VSKey, spec: kipvs.Service) -> CurrentSer
     return CurrentService(spec.scheduler, spec.timeout, dests)
 
 
-def _family_of(key: VSKey) -> IPFamily:
-    return IPFamily.IPV6 if ":" in key[1] else IPFamily.IPV4
+def _family_of(key: VSKey | str) -> IPFamily:
+    return IPFamily.IPV6 if ":" in (key if isinstance(key, str) else key[1]) else IPFamily.IPV4
+
+
+def _current(ipvs: kipvs.Ipvs, family: IPFamily) -> dict[VSKey, CurrentService]:
+    """The kernel's virtual servers of ``family`` with their real servers."""
+    return {key: _current_of(ipvs, key, spec) for key, spec in ipvs.services().items()
+            if _family_of(key) is family}  # fmt: skip
+
+
+class IpvsFamily:
+    """One family's part of a sync (the engine's FamilyWriter): virtual servers, kube-ipvs0's
+    addresses and ipset members of ``cfg.family``, and that family's few iptables rules."""
+
+    def __init__(self, backend: IpvsBackend, cfg: IpvsConfig, ipt: Iptables) -> None:
+        self.family = cfg.family
+        self.cfg = cfg
+        self.ipt = ipt
+        self.cache = IpvsCache(cfg)
+        self.types = family_sets(cfg.family)
+        self.view: _View | None = None
+        self._backend = backend
+
+    def before_partial(self, programmed: IpvsTable, now: float) -> str:
+        return "" if self.view is not None else "no view of IPVS yet"
+
+    def deferred_until(self) -> float | None:
+        return None
+
+    def write_full(self, new: IpvsTable) -> None:
+        """Read the kernel's objects of this family, write every difference, and start
+        trusting the view."""
+        self.view = None
+        desired = new.desired()
+        try:
+            sets = kipvs.IpSets()
+            try:
+                for name, stype in self.types.items():  # the rules reference them
+                    sets.ensure(name, stype, kipvs.socket_family(self.family is IPFamily.IPV6))
+                self._backend.restore(self, desired.iptables)
+                addrs = {a for a in kipvs.dummy_addresses(DUMMY) or ()
+                         if _family_of(a) is self.family}  # fmt: skip
+                ours = addrs | {str(ip) for ip in new.node.local_addresses}
+                ipvs = kipvs.Ipvs()
+                try:
+                    members = {n: sets.members(n, t) for n, t in self.types.items()}
+                    p = plan(desired, _current(ipvs, self.family), addrs, ours, members)
+                    self._backend.write(ipvs, sets, self.types, p)
+                finally:
+                    ipvs.close()
+            finally:
+                sets.close()
+        except kipvs.IpvsError as err:
+            raise BackendError(str(err)) from None
+        self.view = _View(
+            {k: kipvs.Service(vs.scheduler, vs.timeout) for k, vs in desired.services.items()},
+            {key for key, _ in p.draining},
+        )
+
+    def write_partial(self, programmed: IpvsTable, updates: Updates) -> Callable[[], None]:
+        """Write what the updates change, against the view kept since the last full sync;
+        read from the kernel only the changed and the draining virtual servers' real servers
+        (their connection counts decide when a draining one goes)."""
+        view = self.view
+        assert view is not None
+        delta = programmed.delta(updates)
+        keys = delta.services | view.draining
+        if not keys and delta.empty():
+            return lambda: None
+        wanted = {k: programmed.virtual_server_after(k, updates) for k in keys}
+        try:
+            sets, ipvs = kipvs.IpSets(), kipvs.Ipvs()
+            try:
+                current = {
+                    k: _current_of(ipvs, k, view.services[k]) for k in keys if k in view.services
+                }
+                p = plan_partial(wanted, current, delta)
+                self._backend.write(ipvs, sets, self.types, p)
+            finally:
+                ipvs.close()
+                sets.close()
+        except kipvs.IpvsError as err:
+            self.view = None  # the kernel is not what was written: read it again
+            raise BackendError(str(err)) from None
+
+        def record() -> None:
+            for key, sched, timeout in (*p.add_services, *p.update_services):
+                view.services[key] = kipvs.Service(sched, timeout)
+            for key in p.delete_services:
+                view.services.pop(key, None)
+            view.draining = {key for key, _ in p.draining}
+
+        return record
 
 
 def _merged(per_family: Iterable[Desired]) -> Desired:
@@ -121,7 +213,14 @@ def _merged(per_family: Iterable[Desired]) -> Desired:
 class IpvsBackend(Backend):
     mode = "ipvs"
 
-    def __init__(self, cfg: ProxyConfig) -> None:
+    def __init__(
+        self,
+        cfg: ProxyConfig,
+        tables: Mapping[IPFamily, Iptables] | None = None,
+        delete_conntrack: DeleteConntrack = conntrack.delete,
+    ) -> None:
+        """``tables`` and ``delete_conntrack`` are kernel ports (default: the iptables back
+        end chosen by the configuration, and the conntrack tool)."""
         self.proxy = cfg
         self.configs = {f: IpvsConfig(family=f, proxy=cfg) for f in FAMILIES}
         scheduler = self.configs[IPFamily.IPV4].scheduler
@@ -129,11 +228,10 @@ class IpvsBackend(Backend):
             raise BackendUnavailable(
                 f"--ipvs-scheduler: {scheduler!r} is not one of {', '.join(SCHEDULERS)}"
             )
-        self._ipt: dict[IPFamily, Iptables] | None = None
-        self._last_state: ProxyState | None = None
-        self._tables: dict[IPFamily, Table] | None = None
-        self._view: _View | None = None
-        self._jumps_done = False
+        self._tables = tables
+        self._delete_conntrack = delete_conntrack
+        self._ipt: Mapping[IPFamily, Iptables] | None = None
+        self._engine: Engine[IpvsTable] | None = None
         self.metrics: IpvsMetrics | None = None
 
     def register_metrics(self, registry: CollectorRegistry) -> None:
@@ -170,7 +268,7 @@ class IpvsBackend(Backend):
             stats = kipvs.statistics()
         except kipvs.IpvsError as err:
             raise BackendError(str(err)) from None
-        tables = self._tables or {}
+        tables = {f: t for f in FAMILIES if (t := self.programmed(f)) is not None}
         try:
             owned = [(tables[f].virtual_server(key) if f in tables else None, vs)
                      for key, (vs, _) in stats.items() for f in (_family_of(key),)]  # fmt: skip
@@ -196,119 +294,16 @@ class IpvsBackend(Backend):
         walk = self.walker(state, packet.family, make)
         return Trace(packet, self.mode, tuple(walk.walk(packet)))
 
-    # ---- set-up ---------------------------------------------------------------------------
-
-    def prepare(self) -> None:
-        self._setup()
-
-    def _setup(self) -> dict[IPFamily, Iptables]:
-        if self._ipt is not None:
-            return self._ipt
-        try:
-            kipvs.Ipvs().close()
-        except kipvs.IpvsError as err:
-            raise BackendUnavailable(str(err)) from None
-        scheduler = self.configs[IPFamily.IPV4].scheduler
-        if not kipvs.scheduler_available(scheduler):
-            raise BackendUnavailable(
-                f"--ipvs-scheduler={scheduler}: this kernel has no ip_vs_{scheduler} module"
-            )
-        strict = self.configs[IPFamily.IPV4].strict_arp
-        require_sysctls(SYSCTLS + (STRICT_ARP if strict else ()), "ipvs mode")
-        tables = open_tables(self.proxy.iptables_backend, FAMILIES, self.mode)
-        kipvs.ensure_dummy(DUMMY)
-        log.info("ipvs mode: scheduler %s", scheduler)
-        self._ipt = tables
-        return tables
-
-    # ---- sync -------------------------------------------------------------------------------
-
-    def sync(self, request: SyncRequest) -> SyncResult:
-        ipt = self._setup()
-        t0 = time.monotonic()
-        local = tuple(addresses.local_addresses(exclude_links=(DUMMY,)))
-        state = replace(request.state, node=request.state.node.with_local_addresses(local))
-        tables = self._tables
-        full = (
-            request.full
-            or self._view is None
-            or tables is None
-            or not all(t.fits(state) for t in tables.values())
-        )
-        try:
-            if full or tables is None:
-                tables = {f: Table.build(state, self.configs[f]) for f in ipt}
-                self._tables, self._view = tables, None
-                t1 = time.monotonic()
-                self._full(ipt, tables, {str(ip) for ip in local})
-            else:
-                deltas = [t.update(state, request.changed) for t in tables.values()]
-                t1 = time.monotonic()
-                self._partial(tables, deltas)
-        except kipvs.IpvsError as err:
-            self._view = None  # the kernel is not what was written: read it again
-            raise BackendError(str(err)) from None
-        for family in tables:
-            changed = None if full else request.changed
-            filters = stale_filters(self._last_state, request.state, family, changed)
-            if filters:
-                n = conntrack.delete(filters, ipv6=family is IPFamily.IPV6)
-                log.info("cleared %d stale UDP conntrack entries (%s)", n, family.value)
-        self._last_state = request.state
-        if self.metrics is not None:
-            for family, t in tables.items():
-                self.metrics.virtual_servers.labels(family.value).set(len(t.owners))
-                self.metrics.real_servers.labels(family.value).set(t.real_servers)
-        return SyncResult(
-            full=full,
-            families=tuple(tables),
-            render_seconds=t1 - t0,
-            apply_seconds=time.monotonic() - t1,
-            no_local_endpoints={
-                (k, f): v for f, t in tables.items() for k, v in t.no_local.items()
-            },
-        )
-
-    def _full(
-        self, ipt: dict[IPFamily, Iptables], tables: dict[IPFamily, Table], node_ips: set[str]
-    ) -> None:
-        """Read the kernel, write every difference, and start trusting the view."""
-        per_family = {f: t.desired() for f, t in tables.items()}
-        merged = _merged(per_family.values())
-        types = self._set_types()
-        sets = kipvs.IpSets()
-        try:
-            for name, stype in types.items():  # the rules reference them: create them first
-                sets.ensure(name, stype, kipvs.socket_family(name.startswith("KUBE-6-")))
-            for family, table in ipt.items():
-                self._apply_iptables(family, table, per_family[family].iptables, full=True)
-            self._jumps_done = True
-            current_addrs = kipvs.dummy_addresses(DUMMY) or set()
-            ipvs = kipvs.Ipvs()
-            try:
-                members = {name: sets.members(name, stype) for name, stype in types.items()}
-                current = self._current(ipvs)
-                p = plan(merged, current, current_addrs, current_addrs | node_ips, members)
-                self._write(ipvs, sets, types, p)
-            finally:
-                ipvs.close()
-        finally:
-            sets.close()
-        self._view = _View(
-            {k: kipvs.Service(vs.scheduler, vs.timeout) for k, vs in merged.services.items()},
-            {key for key, _ in p.draining},
-        )
-
     def compare(self, state: ProxyState) -> list[Difference]:
         """The full sync's reading of the kernel, without its writing: the plan it would
         carry out is the difference (and the iptables part, compared as iptables mode's)."""
         ipt = open_tables(self.proxy.iptables_backend, FAMILIES, self.mode, writes=False)
         local = tuple(addresses.local_addresses(exclude_links=(DUMMY,)))
         state = replace(state, node=state.node.with_local_addresses(local))
-        tables = {f: Table.build(state, self.configs[f]) for f in ipt}
+        tables = {f: IpvsCache(self.configs[f]).render(state) for f in ipt}
         per_family = {f: t.desired() for f, t in tables.items()}
         merged = _merged(per_family.values())
-        types = self._set_types()
+        types = {n: t for f in FAMILIES for n, t in family_sets(f).items()}
         ipsets = [kipvs.ipset_create_argv(n, t, n.startswith("KUBE-6-")) for n, t in types.items()]
         out: list[Difference] = []
         for family, d in per_family.items():
@@ -317,7 +312,8 @@ class IpvsBackend(Backend):
         try:
             members = {name: sets.members(name, stype) for name, stype in types.items()}
             current_addrs = kipvs.dummy_addresses(DUMMY) or set()
-            p = plan(merged, self._current(ipvs), current_addrs,
+            current = {k: v for f in FAMILIES for k, v in _current(ipvs, f).items()}
+            p = plan(merged, current, current_addrs,
                      current_addrs | {str(ip) for ip in local}, members)  # fmt: skip
         except kipvs.IpvsError as err:
             raise BackendError(str(err)) from None
@@ -331,48 +327,77 @@ class IpvsBackend(Backend):
 
         return out + p.differences(owner)
 
-    def _partial(self, tables: dict[IPFamily, Table], deltas: list[Delta]) -> None:
-        """Write what the tables say changed, against the view kept since the last full sync;
-        read from the kernel only the changed and the draining virtual servers' real servers
-        (their connection counts decide when a draining one goes)."""
-        view = self._view
-        assert view is not None
-        delta = Delta()
-        for d in deltas:
-            delta.services |= d.services
-            delta.add_addresses |= d.add_addresses
-            delta.delete_addresses |= d.delete_addresses
-            for name, entries in d.ipset_add.items():
-                delta.ipset_add.setdefault(name, set()).update(entries)
-            for name, entries in d.ipset_delete.items():
-                delta.ipset_delete.setdefault(name, set()).update(entries)
-        keys = delta.services | view.draining
-        if not keys and delta.empty():
-            return
-        wanted = {k: tables[_family_of(k)].virtual_server(k) for k in keys}
-        types = self._set_types()
-        sets = kipvs.IpSets()
-        ipvs = kipvs.Ipvs()
+    # ---- set-up ---------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        self._engine_set_up()
+
+    def _setup(self) -> Mapping[IPFamily, Iptables]:
+        if self._ipt is not None:
+            return self._ipt
         try:
-            current = {
-                k: _current_of(ipvs, k, view.services[k]) for k in keys if k in view.services
-            }
-            p = plan_partial(wanted, current, delta)
-            self._write(ipvs, sets, types, p)
-        finally:
-            ipvs.close()
-            sets.close()
-        for key, sched, timeout in (*p.add_services, *p.update_services):
-            view.services[key] = kipvs.Service(sched, timeout)
-        for key in p.delete_services:
-            view.services.pop(key, None)
-        view.draining = {key for key, _ in p.draining}
+            kipvs.Ipvs().close()
+        except kipvs.IpvsError as err:
+            raise BackendUnavailable(str(err)) from None
+        scheduler = self.configs[IPFamily.IPV4].scheduler
+        if not kipvs.scheduler_available(scheduler):
+            raise BackendUnavailable(
+                f"--ipvs-scheduler={scheduler}: this kernel has no ip_vs_{scheduler} module"
+            )
+        strict = self.configs[IPFamily.IPV4].strict_arp
+        require_sysctls(SYSCTLS + (STRICT_ARP if strict else ()), "ipvs mode")
+        tables = self._tables or open_tables(self.proxy.iptables_backend, FAMILIES, self.mode)
+        kipvs.ensure_dummy(DUMMY)
+        log.info("ipvs mode: scheduler %s", scheduler)
+        self._ipt = tables
+        return tables
 
-    @staticmethod
-    def _set_types() -> dict[str, str]:
-        return {n: t for f in FAMILIES for n, t in family_sets(f).items()}
+    # ---- sync -------------------------------------------------------------------------------
 
-    def _write(self, ipvs: kipvs.Ipvs, sets: kipvs.IpSets, types: dict[str, str], p: Plan) -> None:
+    def writers(self) -> list[IpvsFamily]:
+        """Each family's part of a sync (sets up the kernel on first use)."""
+        return [cast(IpvsFamily, f.writer) for f in self._engine_set_up().families]
+
+    def _engine_set_up(self) -> Engine[IpvsTable]:
+        if self._engine is None:
+            ipt = self._setup()
+            writers = [IpvsFamily(self, self.configs[f], t) for f, t in ipt.items()]
+            self._engine = Engine(writers, self._delete_conntrack)
+        return self._engine
+
+    def programmed(self, family: IPFamily) -> IpvsTable | None:
+        """The virtual servers pyproxy last wrote (or tried to) for ``family``."""
+        return self._engine.programmed(family) if self._engine else None
+
+    def sync(self, request: SyncRequest) -> SyncResult:
+        engine = self._engine_set_up()
+        local = tuple(addresses.local_addresses(exclude_links=(DUMMY,)))
+        state = replace(request.state, node=request.state.node.with_local_addresses(local))
+        result = engine.sync(state, request)
+        if self.metrics is not None:
+            for fam in engine.families:
+                if fam.programmed is not None:
+                    family = fam.writer.family.value
+                    self.metrics.virtual_servers.labels(family).set(len(fam.programmed.owners))
+                    self.metrics.real_servers.labels(family).set(fam.programmed.real_servers)
+        return result
+
+    def restore(self, fam: IpvsFamily, text: str) -> None:
+        """The family's few iptables rules (they declare every chain the jumps point to),
+        then the jumps."""
+        try:
+            with self.transactions.applying(fam.ipt.restore_label, text):
+                fam.ipt.restore(text)
+        except IptablesError as err:
+            if self.metrics is not None:
+                self.metrics.restore_failures.failed(fam.family)
+            raise BackendError(f"iptables-restore failed: {err}") from None
+        declared = {("nat", c) for c in NAT_CHAINS} | {("filter", c) for c in FILTER_CHAINS}
+        ensure_jumps(fam.ipt, JUMPS, declared)
+
+    def write(
+        self, ipvs: kipvs.Ipvs, sets: kipvs.IpSets, types: Mapping[str, str], p: Plan
+    ) -> None:
         """ipset members, then kube-ipvs0's new addresses, virtual and real servers, and the
         addresses no longer wanted; recorded for /debug/rules as one transaction."""
         with self.transactions.applying("IPVS netlink", p.describe()):
@@ -382,38 +407,8 @@ class IpvsBackend(Backend):
                 for entry in sorted(p.ipset_delete.get(name, ()), key=str):
                     sets.delete(name, stype, entry)
             kipvs.set_addresses(DUMMY, sorted(p.add_addresses), ())
-            self._apply_plan(ipvs, p)
+            _apply_plan(ipvs, p)
             kipvs.set_addresses(DUMMY, (), sorted(p.delete_addresses))
-
-    @staticmethod
-    def _current(ipvs: kipvs.Ipvs) -> dict[kipvs.VSKey, CurrentService]:
-        return {key: _current_of(ipvs, key, spec) for key, spec in ipvs.services().items()}
-
-    def _apply_iptables(self, family: IPFamily, ipt: Iptables, text: str, full: bool) -> None:
-        try:
-            with self.transactions.applying(ipt.restore_label, text):
-                ipt.restore(text)  # declares every chain the jumps point to
-        except IptablesError as err:
-            if self.metrics is not None:
-                self.metrics.restore_failures.failed(family)
-            raise BackendError(f"iptables-restore failed: {err}") from None
-        if full or not self._jumps_done:
-            declared = {("nat", c) for c in NAT_CHAINS} | {("filter", c) for c in FILTER_CHAINS}
-            ensure_jumps(ipt, JUMPS, declared)
-
-    def _apply_plan(self, ipvs: kipvs.Ipvs, p: Plan) -> None:
-        for key, sched, timeout in p.add_services:
-            ipvs.add_service(key, kipvs.Service(sched, timeout))
-        for key, sched, timeout in p.update_services:
-            ipvs.update_service(key, kipvs.Service(sched, timeout))
-        for key, dest, weight, new in p.set_dests:
-            ipvs.set_dest(key, dest, weight, new)
-        for key, dest in p.delete_dests:
-            ipvs.delete_dest(key, dest)
-        for key in p.delete_services:
-            ipvs.delete_service(key)
-        if p.draining:
-            log.info("%d real servers draining at weight 0", len(p.draining))
 
     # ---- cleanup ----------------------------------------------------------------------------
 
@@ -465,3 +460,18 @@ class IpvsBackend(Backend):
                     ipvs.delete_service(key)
         finally:
             ipvs.close()
+
+
+def _apply_plan(ipvs: kipvs.Ipvs, p: Plan) -> None:
+    for key, sched, timeout in p.add_services:
+        ipvs.add_service(key, kipvs.Service(sched, timeout))
+    for key, sched, timeout in p.update_services:
+        ipvs.update_service(key, kipvs.Service(sched, timeout))
+    for key, dest, weight, new in p.set_dests:
+        ipvs.set_dest(key, dest, weight, new)
+    for key, dest in p.delete_dests:
+        ipvs.delete_dest(key, dest)
+    for key in p.delete_services:
+        ipvs.delete_service(key)
+    if p.draining:
+        log.info("%d real servers draining at weight 0", len(p.draining))

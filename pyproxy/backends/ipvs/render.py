@@ -34,7 +34,6 @@ from pyproxy.model.types import (
     IPNetwork,
     NodeInfo,
     Protocol,
-    ProxyState,
     ServicePort,
 )
 
@@ -153,7 +152,12 @@ class Desired:
     addresses: set[str] = field(default_factory=set)
     ipsets: dict[str, set[Entry]] = field(default_factory=lambda: {n: set() for n in SETS})
     iptables: str = ""
-    no_local: dict[str, int] = field(default_factory=lambda: {"internal": 0, "external": 0})
+    no_local_internal: int = 0
+    no_local_external: int = 0
+
+    @property
+    def no_local(self) -> dict[str, int]:
+        return {"internal": self.no_local_internal, "external": self.no_local_external}
 
     def listing(self) -> str:
         """An ipvsadm -Ln style listing of the virtual and real servers."""
@@ -197,15 +201,17 @@ def iptables_text(node: NodeInfo, cfg: IpvsConfig) -> str:
 
 def render_service(
     ports: Iterable[ServicePort],
-    state: ProxyState,
+    endpoints: Iterable[tuple[Endpoint, ...]],
+    node: NodeInfo,
     cfg: IpvsConfig,
     node_ips: tuple[IPAddress, ...],
 ) -> Desired:
-    """One service's virtual servers, addresses and ipset entries (family set names)."""
+    """One service's virtual servers, addresses and ipset entries (family set names), from
+    its ports and each port's endpoints."""
     d = Desired()
-    for svc in ports:
-        _render_port(d, svc, state, cfg, node_ips)
-        for ep in state.endpoints_for(svc.name, cfg.family):
+    for svc, eps in zip(ports, endpoints, strict=True):
+        _render_port(d, svc, eps, node, cfg, node_ips)
+        for ep in eps:
             if ep.ready or (ep.serving and ep.terminating):
                 d.ipsets["KUBE-LOOP-BACK"].add(
                     (str(ep.ip), f"{svc.protocol.value.lower()}:{ep.port}", str(ep.ip))
@@ -217,19 +223,19 @@ def render_service(
 def _render_port(
     d: Desired,
     svc: ServicePort,
-    state: ProxyState,
+    eps: tuple[Endpoint, ...],
+    node: NodeInfo,
     cfg: IpvsConfig,
     node_ips: tuple[IPAddress, ...],
 ) -> None:
-    eps = state.endpoints_for(svc.name, cfg.family)
-    sel = categorize_endpoints(svc, eps, state.node)
+    sel = categorize_endpoints(svc, eps, node)
     timeout = svc.sticky_max_age_seconds if svc.session_affinity_client_ip else 0
     internal = sel.local if svc.internal_policy_local else sel.cluster
     external = sel.local if svc.external_policy_local else sel.cluster
     if sel.has_any and svc.internal_policy_local and not sel.local:
-        d.no_local["internal"] += 1
+        d.no_local_internal += 1
     if sel.has_any and svc.external_policy_local and svc.externally_accessible and not sel.local:
-        d.no_local["external"] += 1
+        d.no_local_external += 1
 
     def vs(addr: str, port: int, dests: Iterable[Endpoint], what: str) -> None:
         d.services[(PROTO_NUM[svc.protocol], addr, port)] = VirtualServer(

@@ -1,6 +1,6 @@
-"""IPVS mode's desired state for one family, kept per service, so that a partial sync renders
-only the changed services and knows exactly which virtual servers, ``kube-ipvs0`` addresses
-and ipset entries differ. Pure: nothing here touches the kernel.
+"""IPVS mode's desired state for one family, kept per service on the engine's cache, so that a
+partial sync renders only the changed services and knows exactly which virtual servers,
+``kube-ipvs0`` addresses and ipset entries differ. Pure: nothing here touches the kernel.
 
 Several services can want the same thing: an ipset entry (two services with an endpoint on
 the same pod port put the same KUBE-LOOP-BACK entry), an address (an external IP shared by
@@ -9,18 +9,21 @@ and port). Addresses and entries are counted, and leave only with their last use
 server several services want is the one of the last service in name order, which is what a
 render walking the services in order and overwriting would give. ``render`` is this table
 built in one go, so a full and a partial sync agree by construction.
+
+``IpvsTable.delta`` works out what a set of updates changes without changing the table: the
+engine applies the updates only once the kernel took them.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from pyproxy.backends.engine.cache import Entry, ServiceCache, ServiceTable
 from pyproxy.backends.ipvs.render import (
     Desired,
-    Entry,
     IpvsConfig,
     VirtualServer,
     VSKey,
@@ -29,33 +32,50 @@ from pyproxy.backends.ipvs.render import (
     nodeport_ips,
     render_service,
 )
-from pyproxy.model.types import NamespacedName, NodeInfo, ProxyState
+from pyproxy.backends.ipvs.render import Entry as SetEntry
+from pyproxy.model.types import (
+    Endpoint,
+    IPAddress,
+    NamespacedName,
+    NodeInfo,
+    ProxyState,
+    ServicePort,
+)
 
-T = TypeVar("T", bound=Hashable)
+H = TypeVar("H", bound=Hashable)
+
+ServiceEntry = Entry[Desired]
+Updates = Mapping[NamespacedName, ServiceEntry | None]
 
 
 @dataclass(frozen=True)
-class Part:
-    """One service's share of the desired state, and what it was rendered from."""
+class Facts:
+    """What every service's virtual servers depend on besides its own ports and endpoints."""
 
-    key: tuple[object, ...]
-    desired: Desired
+    node: NodeInfo
+    node_ips: tuple[IPAddress, ...]
+    """The addresses that get a virtual server per NodePort."""
 
 
 @dataclass
 class Delta:
     """What a partial sync must write: the virtual servers whose wanted form changed (their
-    new form is ``Table.virtual_server``), and the addresses and entries that came or went."""
+    new form in ``wanted``, None: no longer wanted), and the addresses and entries that came
+    or went."""
 
-    services: set[VSKey] = field(default_factory=set)
+    wanted: dict[VSKey, VirtualServer | None] = field(default_factory=dict)
     add_addresses: set[str] = field(default_factory=set)
     delete_addresses: set[str] = field(default_factory=set)
-    ipset_add: dict[str, set[Entry]] = field(default_factory=dict)
-    ipset_delete: dict[str, set[Entry]] = field(default_factory=dict)
+    ipset_add: dict[str, set[SetEntry]] = field(default_factory=dict)
+    ipset_delete: dict[str, set[SetEntry]] = field(default_factory=dict)
+
+    @property
+    def services(self) -> set[VSKey]:
+        return set(self.wanted)
 
     def empty(self) -> bool:
         return not (
-            self.services
+            self.wanted
             or self.add_addresses
             or self.delete_addresses
             or any(self.ipset_add.values())
@@ -63,120 +83,161 @@ class Delta:
         )
 
 
-class Table:
-    def __init__(self, cfg: IpvsConfig, node: NodeInfo) -> None:
+class IpvsTable(ServiceTable[Desired]):
+    """One family's services as rendered, with who wants each virtual server, address and
+    ipset entry."""
+
+    def __init__(
+        self, cfg: IpvsConfig, facts: Facts, entries: Mapping[NamespacedName, ServiceEntry]
+    ) -> None:
         self.cfg = cfg
-        self.node = node
-        self.node_ips = nodeport_ips(node, cfg)
-        self.parts: dict[NamespacedName, Part] = {}
         self.owners: dict[VSKey, set[NamespacedName]] = {}
         self.address_refs: Counter[str] = Counter()
-        self.set_refs: dict[str, Counter[Entry]] = {n: Counter() for n in family_sets(cfg.family)}
-        self.no_local: Counter[str] = Counter(internal=0, external=0)
-        self.real_servers = 0
-        self.renders = 0
-        """Services rendered since the table was built (tests count them)."""
+        self.set_refs: dict[str, Counter[SetEntry]] = {
+            n: Counter() for n in family_sets(cfg.family)
+        }
+        super().__init__(facts, entries)
+        self.facts: Facts = facts
+        self.iptables = iptables_text(facts.node, cfg)
+        """The few iptables rules of IPVS mode (they depend on the node only)."""
+        self.real_servers = sum(len(self._winner(k).dests) for k in self.owners)
 
-    @classmethod
-    def build(cls, state: ProxyState, cfg: IpvsConfig) -> Table:
-        table = cls(cfg, state.node)
-        table.update(state, state.service_names())
-        return table
+    @property
+    def node(self) -> NodeInfo:
+        return self.facts.node
 
-    def fits(self, state: ProxyState) -> bool:
-        """False when the node's facts changed: every service may render differently."""
-        return state.node == self.node
+    def _count(self, svc: NamespacedName, entry: ServiceEntry, sign: int) -> None:
+        super()._count(svc, entry, sign)
+        d = entry.objects
+        for key in d.services:
+            if sign > 0:
+                self.owners.setdefault(key, set()).add(svc)
+            else:
+                self.owners[key].discard(svc)
+                if not self.owners[key]:
+                    del self.owners[key]
+        _add(self.address_refs, d.addresses, sign)
+        for name, items in d.ipsets.items():
+            _add(self.set_refs.setdefault(name, Counter()), items, sign)
 
-    def update(self, state: ProxyState, changed: Iterable[NamespacedName]) -> Delta:
-        delta = Delta()
-        for name in sorted(changed):
-            ports = tuple(state.ports_of(name, self.cfg.family))
-            old = self.parts.get(name)
-            new: Part | None = None
-            if ports:
-                key = (ports, tuple(state.endpoints_for(p.name, self.cfg.family) for p in ports))
-                if old is not None and old.key == key:
-                    continue
-                self.renders += 1
-                new = Part(key, render_service(ports, state, self.cfg, self.node_ips))
-            if old is not None or new is not None:
-                self._replace(name, old, new, delta)
-        return delta
+    def _winner(self, key: VSKey) -> VirtualServer:
+        return self.entries[max(self.owners[key])].objects.services[key]
 
     def virtual_server(self, key: VSKey) -> VirtualServer | None:
-        owners = self.owners.get(key)
-        return self.parts[max(owners)].desired.services[key] if owners else None
+        return self._winner(key) if key in self.owners else None
 
-    def _replace(
-        self, name: NamespacedName, old: Part | None, new: Part | None, delta: Delta
-    ) -> None:
-        before = old.desired if old else Desired(ipsets={})
-        after = new.desired if new else Desired(ipsets={})
-        affected = before.services.keys() | after.services.keys()
-        was = {key: self.virtual_server(key) for key in affected}
-        if new is None:
-            del self.parts[name]
-        else:
-            self.parts[name] = new
-        for key in before.services.keys() - after.services.keys():
-            self.owners[key].discard(name)
-            if not self.owners[key]:
-                del self.owners[key]
-        for key in after.services:
-            self.owners.setdefault(key, set()).add(name)
-        for key in affected:
-            now, then = self.virtual_server(key), was[key]
-            if now != then:
-                delta.services.add(key)
-                self.real_servers += (len(now.dests) if now else 0) - (
-                    len(then.dests) if then else 0
-                )
-        _count(self.address_refs, before.addresses, after.addresses,
-               delta.add_addresses, delta.delete_addresses)  # fmt: skip
-        for set_name in before.ipsets.keys() | after.ipsets.keys():
-            _count(
-                self.set_refs.setdefault(set_name, Counter()),
-                before.ipsets.get(set_name, set()),
-                after.ipsets.get(set_name, set()),
-                delta.ipset_add.setdefault(set_name, set()),
-                delta.ipset_delete.setdefault(set_name, set()),
+    def virtual_server_after(self, key: VSKey, updates: Updates) -> VirtualServer | None:
+        """``key``'s wanted form once ``updates`` are applied (the table is not changed)."""
+        owners = {o for o in self.owners.get(key, ()) if o not in updates}
+        owners |= {svc for svc, e in updates.items() if e is not None and key in e.objects.services}
+        if not owners:
+            return None
+        winner = max(owners)
+        entry = updates[winner] if winner in updates else self.entries[winner]
+        assert entry is not None
+        return entry.objects.services[key]
+
+    def _affected(self, updates: Updates) -> set[VSKey]:
+        keys: set[VSKey] = set()
+        for svc, new in updates.items():
+            old = self.entries.get(svc)
+            keys |= (old.objects.services.keys() if old else set()) | (
+                new.objects.services.keys() if new else set()
             )
-        self.no_local.update(after.no_local)
-        self.no_local.subtract(before.no_local)
+        return keys
+
+    def delta(self, updates: Updates) -> Delta:
+        """What applying ``updates`` changes: virtual servers whose winner's form differs,
+        and addresses and ipset entries whose first user came or last user left (one that
+        leaves and comes back within the updates is neither)."""
+        out = Delta()
+        for key in sorted(self._affected(updates)):
+            now = self.virtual_server_after(key, updates)
+            if now != self.virtual_server(key):
+                out.wanted[key] = now
+        addresses: Counter[str] = Counter()
+        sets: dict[str, Counter[SetEntry]] = {}
+        for svc, new in updates.items():
+            old = self.entries.get(svc)
+            before = old.objects if old else Desired(ipsets={})
+            after = new.objects if new else Desired(ipsets={})
+            _net(addresses, before.addresses, after.addresses)
+            for name in before.ipsets.keys() | after.ipsets.keys():
+                _net(sets.setdefault(name, Counter()),
+                     before.ipsets.get(name, ()), after.ipsets.get(name, ()))  # fmt: skip
+        _came_went(self.address_refs, addresses, out.add_addresses, out.delete_addresses)
+        for name, net in sets.items():
+            _came_went(self.set_refs.get(name, Counter()), net,
+                       out.ipset_add.setdefault(name, set()),
+                       out.ipset_delete.setdefault(name, set()))  # fmt: skip
+        return out
+
+    def apply(self, updates: Updates) -> None:
+        affected = self._affected(updates)
+        before = sum(len(vs.dests) for k in affected if (vs := self.virtual_server(k)))
+        super().apply(updates)
+        self.real_servers += (
+            sum(len(vs.dests) for k in affected if (vs := self.virtual_server(k))) - before
+        )
 
     def desired(self) -> Desired:
         """The whole family, as a full sync writes it."""
         d = Desired(ipsets={n: set(c) for n, c in self.set_refs.items()})
         for key in sorted(self.owners):
-            d.services[key] = self.parts[max(self.owners[key])].desired.services[key]
+            d.services[key] = self._winner(key)
         d.addresses = set(self.address_refs)
-        d.no_local = dict(self.no_local)
-        d.iptables = iptables_text(self.node, self.cfg)
+        d.no_local_internal = self.no_local["internal"]
+        d.no_local_external = self.no_local["external"]
+        d.iptables = self.iptables
         return d
 
 
-def _count(refs: Counter[T], before: Iterable[T], after: Iterable[T], came: set[T],
-           went: set[T]) -> None:  # fmt: skip
-    """Move one user's items from ``before`` to ``after``; note items that appeared or whose
-    last user left (an item that leaves and comes back within one sync is neither)."""
-    b, a = set(before), set(after)
-    for item in b - a:
-        refs[item] -= 1
+def _add(refs: Counter[H], items: Iterable[H], sign: int) -> None:
+    for item in items:
+        refs[item] += sign
         if refs[item] <= 0:
             del refs[item]
-            if item in came:
-                came.discard(item)
-            else:
-                went.add(item)
+
+
+def _net(net: Counter[H], before: Iterable[H], after: Iterable[H]) -> None:
+    b, a = set(before), set(after)
+    for item in b - a:
+        net[item] -= 1
     for item in a - b:
-        if refs[item] == 0:
-            if item in went:
-                went.discard(item)
-            else:
-                came.add(item)
-        refs[item] += 1
+        net[item] += 1
+
+
+def _came_went(refs: Counter[H], net: Counter[H], came: set[H], went: set[H]) -> None:
+    for item, n in net.items():
+        have = refs.get(item, 0)
+        if have == 0 and n > 0:
+            came.add(item)
+        elif have > 0 and have + n <= 0:
+            went.add(item)
+
+
+class IpvsCache(ServiceCache[Desired, Facts, IpvsTable]):
+    """Renders one family's virtual servers, reusing each service's while its inputs are the
+    same."""
+
+    def __init__(self, cfg: IpvsConfig) -> None:
+        def facts(state: ProxyState, endpoints: int) -> Facts:
+            return Facts(state.node, nodeport_ips(state.node, cfg))
+
+        def render(
+            ports: tuple[ServicePort, ...], eps: tuple[tuple[Endpoint, ...], ...], f: Facts
+        ) -> Desired:
+            return render_service(ports, eps, f.node, cfg, f.node_ips)
+
+        super().__init__(cfg.family, facts, render)
+        self.cfg = cfg
+
+    def table(
+        self, state: ProxyState, facts: Facts, entries: Mapping[NamespacedName, ServiceEntry]
+    ) -> IpvsTable:
+        return IpvsTable(self.cfg, facts, entries)
 
 
 def render(state: ProxyState, cfg: IpvsConfig) -> Desired:
     """Everything one family wants: every service's part, and the fixed iptables rules."""
-    return Table.build(state, cfg).desired()
+    return IpvsCache(cfg).render(state).desired()

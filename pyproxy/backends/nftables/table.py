@@ -71,8 +71,8 @@ class Rendered(ServiceTable[ServiceObjects]):
         if not votes:
             del self.contributions[(e.container, e.key)]
 
-    def _count(self, entry: ServiceEntry, sign: int) -> None:
-        super()._count(entry, sign)
+    def _count(self, svc: NamespacedName, entry: ServiceEntry, sign: int) -> None:
+        super()._count(svc, entry, sign)
         for e in entry.objects.elements:
             self._contribute(e, sign)
 
