@@ -130,3 +130,24 @@ def load_config(flags: dict[str, Any], config_file: str | None = None) -> ProxyC
     from pyproxy.config.load import load
 
     return load(flags, config_file, registry.modes(), registry.DEFAULT)
+
+
+def objects(n: int) -> list[dict[str, Any]]:
+    """``n`` ClusterIP services in namespace bench, each with two endpoints."""
+    out = []
+    for i in range(n):
+        ip = f"10.{96 + i // 65536}.{i // 256 % 256}.{i % 256}"
+        out.append(service("bench", f"svc-{i}", ip, [port("http", 80)]))
+        out.append(slice_of(i, [f"10.{128 + i // 256 % 64}.{i % 256}.{k}" for k in (1, 2)]))
+    return out
+
+
+def slice_of(i: int, ips: list[str]) -> dict[str, Any]:
+    return endpoint_slice(
+        "bench", f"svc-{i}", f"svc-{i}-1", [endpoint(ip) for ip in ips], [port("http", 8080)]
+    )
+
+
+def no_conntrack(filters: object, ipv6: bool) -> int:
+    """The conntrack port: these services are TCP, so a sync must never call it."""
+    raise AssertionError("conntrack was asked to clear TCP services' flows")

@@ -1,8 +1,9 @@
 """nftables mode: a sync's transaction holds what changed, not the cluster. Counted, never timed.
 
 A real tracker, syncer and nftables backend over 2,000 services, with libnftables replaced by
-one that records the transactions it is given and counts listings (unit tests of the sync
-logic; ``tests/netns/test_nftables.py`` proves the same transactions in a kernel).
+the checking fake of the nft port, which refuses what the kernel refuses, records the
+transactions it takes and counts listings (unit tests of the sync logic;
+``tests/netns/test_nftables.py`` proves the same transactions in a kernel).
 """
 
 from __future__ import annotations
@@ -14,43 +15,19 @@ from pyproxy.backends.nftables import names
 from pyproxy.backends.nftables import transactions as tx
 from pyproxy.backends.nftables.backend import NftablesBackend
 from pyproxy.config.settings import ProxyConfig
-from pyproxy.kernel.nft import Nft, NftError
+from pyproxy.kernel.nft import NftError
+from pyproxy.kernel.nft_fake import FakeNft
 from pyproxy.model.events import KINDS, Event, EventType
 from pyproxy.model.types import IPFamily, NamespacedName, Protocol, ServicePortName
 from pyproxy.sync.syncer import Syncer
 from pyproxy.sync.tracker import ChangeTracker
-from tests.helpers import port, service
-from tests.unit.test_sync_cost import objects, slice_of
+from tests.helpers import no_conntrack, objects, port, service, slice_of
 
 N = 2_000
 T = "ip kube-proxy"
 
 
-class RecordingNft(Nft):
-    """Takes transactions; answers listings as an empty kernel would, and counts them."""
-
-    def __init__(self) -> None:
-        self.how = "recording"
-        self.runs: list[str] = []
-        self.listings = 0
-
-    def usable(self) -> str | None:
-        return None
-
-    def run(self, text: str, flags: int = 0, fresh: bool = False) -> str:
-        self.runs.append(text)
-        return ""
-
-    def names(self, family: str, table: str) -> dict[str, set[str]]:
-        self.listings += 1
-        return {"chain": set(), "set": set(), "map": set()}
-
-    def tables(self) -> set[tuple[str, str]]:
-        self.listings += 1
-        return set()
-
-
-def world() -> tuple[ChangeTracker, Syncer, RecordingNft]:
+def world() -> tuple[ChangeTracker, Syncer, FakeNft]:
     tracker = ChangeTracker("node-a")
     objs = objects(N)
     for kind in KINDS:
@@ -58,8 +35,8 @@ def world() -> tuple[ChangeTracker, Syncer, RecordingNft]:
             Event(kind, EventType.REPLACE, objects=[o for o in objs if o["kind"] == kind])
         )
         tracker.apply(Event(kind, EventType.SYNCED))
-    nft = RecordingNft()
-    backend = NftablesBackend(ProxyConfig(), nft=nft)
+    nft = FakeNft()
+    backend = NftablesBackend(ProxyConfig(), nft=nft, delete_conntrack=no_conntrack)
     syncer = Syncer(tracker, backend)
     syncer.sync()
     assert syncer.stats.full_syncs == 1
@@ -74,7 +51,7 @@ def chain(i: int) -> str:
     return names.SERVICE + names.port_base(spn)
 
 
-def commands(nft: RecordingNft) -> list[str]:
+def commands(nft: FakeNft) -> list[str]:
     (text,) = nft.runs  # one transaction
     return text.splitlines()
 
@@ -132,9 +109,9 @@ def test_an_idle_sync_writes_nothing() -> None:
     assert nft.listings == 0
 
 
-class RefusingNft(RecordingNft):
-    """Refuses the next ``refuse`` transactions, as a kernel refusing them would (nothing
-    of a refused transaction is applied)."""
+class RefusingNft(FakeNft):
+    """Refuses the next ``refuse`` transactions whatever they hold (nothing of a refused
+    transaction is applied)."""
 
     refuse = 0
 
@@ -173,7 +150,7 @@ def test_a_refused_sync_leaves_the_view_and_the_next_one_repairs_it() -> None:
     backend = syncer.backend
     assert isinstance(backend, NftablesBackend)
     nft = RefusingNft()
-    refusing = NftablesBackend(ProxyConfig(), nft=nft)
+    refusing = NftablesBackend(ProxyConfig(), nft=nft, delete_conntrack=no_conntrack)
     syncer = Syncer(tracker, refusing)
     syncer.sync()
     fam = refusing.writers()[0]

@@ -20,7 +20,7 @@ from pyproxy.model.events import KINDS, Event, EventType
 from pyproxy.model.types import Endpoint, IPFamily, NamespacedName, Protocol, ServicePortName
 from pyproxy.sync.syncer import Syncer
 from pyproxy.sync.tracker import ChangeTracker
-from tests.helpers import endpoint, endpoint_slice, port, service
+from tests.helpers import no_conntrack, objects, slice_of
 
 N = 10_000
 
@@ -45,21 +45,6 @@ class RecordingIptables(Iptables):
         return 0
 
 
-def objects(n: int) -> list[dict[str, Any]]:
-    out = []
-    for i in range(n):
-        ip = f"10.{96 + i // 65536}.{i // 256 % 256}.{i % 256}"
-        out.append(service("bench", f"svc-{i}", ip, [port("http", 80)]))
-        out.append(slice_of(i, [f"10.{128 + i // 256 % 64}.{i % 256}.{k}" for k in (1, 2)]))
-    return out
-
-
-def slice_of(i: int, ips: list[str]) -> dict[str, Any]:
-    return endpoint_slice(
-        "bench", f"svc-{i}", f"svc-{i}-1", [endpoint(ip) for ip in ips], [port("http", 8080)]
-    )
-
-
 def world() -> tuple[ChangeTracker, Syncer, RecordingIptables, Renderer]:
     tracker = ChangeTracker("node-a")
     objs = objects(N)
@@ -71,7 +56,8 @@ def world() -> tuple[ChangeTracker, Syncer, RecordingIptables, Renderer]:
     ipt = RecordingIptables()
     sysctls: list[Any] = []  # the port: a unit test never writes this host's /proc/sys
     backend = IptablesBackend(ProxyConfig(), tables={IPFamily.IPV4: ipt},
-                              sysctls=lambda *a, **k: sysctls.append(a))  # fmt: skip
+                              sysctls=lambda *a, **k: sysctls.append(a),
+                              delete_conntrack=no_conntrack)  # fmt: skip
     (family,) = backend.writers()
     return tracker, Syncer(tracker, backend), ipt, family.cache
 

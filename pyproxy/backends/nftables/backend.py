@@ -164,7 +164,7 @@ class NftablesFamily:
         written = tx.partial(programmed, updates, self.mirror)
         if written.text:
             self._run(written.text)
-        return lambda: tx.written_after_partial(written, self.mirror, time.monotonic())
+        return lambda: tx.written_after_partial(written, self.mirror, self._backend.clock())
 
     def write_full(self, new: Rendered) -> None:
         nft_family = self.cfg.nft_family
@@ -179,7 +179,7 @@ class NftablesFamily:
         written = tx.full(new, self.mirror, existing["chain"], existing["set"], existing["map"],
                           counters)  # fmt: skip
         self._run(written.text, fresh=new.rule_count() > FRESH_PROCESS_RULES)
-        tx.written_after_full(new, written, self.mirror, time.monotonic())
+        tx.written_after_full(new, written, self.mirror, self._backend.clock())
 
     def _run(self, text: str, fresh: bool = False) -> None:
         try:
@@ -198,10 +198,12 @@ class NftablesBackend(Backend):
         cfg: ProxyConfig,
         nft: Nft | None = None,
         delete_conntrack: DeleteConntrack = conntrack.delete,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``nft`` and ``delete_conntrack`` are the kernel ports (default: libnftables, or
-        the nft tool, and the conntrack tool)."""
+        the nft tool, and the conntrack tool); ``clock`` times the deletion of stale chains."""
         self.proxy = cfg
+        self.clock = clock
         self.configs = {f: NftConfig(family=f, proxy=cfg) for f in FAMILIES}
         self._port = nft
         self._delete_conntrack = delete_conntrack
@@ -293,7 +295,7 @@ class NftablesBackend(Backend):
                 writers.append(NftablesFamily(self, cfg, nft))
             log.info("nftables mode: %s, families %s", nft.how,
                      ", ".join(w.family.value for w in writers))  # fmt: skip
-            self._nft, self._engine = nft, Engine(writers, self._delete_conntrack)
+            self._nft, self._engine = nft, Engine(writers, self._delete_conntrack, self.clock)
         return self._engine
 
     def writers(self) -> list[NftablesFamily]:

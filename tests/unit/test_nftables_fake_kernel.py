@@ -1,0 +1,144 @@
+"""nftables mode against the checking fake of the nft port: every transaction a sync writes
+(full, partial, the deletion of stale chains) must be one the kernel takes, and after any
+run of partial syncs the fake holds what one full sync of the same objects writes into an
+empty kernel. The fake refuses what this machine's kernel refuses
+(``tests/netns/test_nft_refusals.py``); ``tests/netns/test_nftables.py`` runs the same mode
+on the kernel itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pyproxy.backends.nftables.backend import NftablesBackend
+from pyproxy.config.settings import ProxyConfig
+from pyproxy.kernel.nft_fake import FakeNft, Table
+from pyproxy.model.events import Event, EventType
+from pyproxy.sync.syncer import Syncer
+from tests.helpers import endpoint, endpoint_slice, node, port, service, tracker_with
+
+NODE = node("node-a", addresses=["172.31.0.10"])
+HTTP = port("http", 80)
+
+
+def svc(name: str, ip: str, ports: list[dict[str, Any]] | None = None, **spec: Any) -> Any:
+    return service("ns", name, ip, ports or [HTTP], **spec)
+
+
+def eps(name: str, ips: list[str], node_name: str = "node-a", p: int = 8080,
+        proto: str = "TCP") -> dict[str, Any]:  # fmt: skip
+    return endpoint_slice("ns", name, f"{name}-1", [endpoint(ip, node_name) for ip in ips],
+                          [port("http", p, proto)])  # fmt: skip
+
+
+START = [
+    NODE,
+    svc("a", "10.96.0.1"),
+    eps("a", ["10.1.0.1", "10.1.0.2"]),
+    svc("b", "10.96.0.2", [port("http", 80, nodePort=30080)], type="NodePort",
+        externalTrafficPolicy="Local"),
+    eps("b", ["10.1.0.3"]),
+    svc("c", "10.96.0.3", [port("http", 80, nodePort=30081)], type="LoadBalancer",
+        loadBalancerSourceRanges=["192.0.2.0/24"],
+        status={"loadBalancer": {"ingress": [{"ip": "203.0.113.1"}]}}),
+    eps("c", ["10.1.0.4"]),
+    svc("d", "10.96.0.4", sessionAffinity="ClientIP"),
+    eps("d", ["10.1.0.5", "10.1.0.6"]),
+    svc("e", "10.96.0.5"),
+    svc("f", "10.96.0.6", [port("dns", 53, "UDP")]),
+    eps("f", ["10.1.0.7"], p=5353, proto="UDP"),
+]  # fmt: skip
+
+STEPS: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]] = [
+    ("an endpoint changes", [eps("a", ["10.1.0.1", "10.1.0.9"])], []),
+    ("a Local service loses its only endpoint", [eps("b", [])], []),
+    ("the endpoint comes back on another node", [eps("b", ["10.1.0.3"], "node-b")], []),
+    ("source ranges and affinity go",
+     [svc("c", "10.96.0.3", [port("http", 80, nodePort=30081)], type="LoadBalancer",
+          status={"loadBalancer": {"ingress": [{"ip": "203.0.113.1"}]}}),
+      svc("d", "10.96.0.4")], []),
+    ("a service is deleted", [], [svc("a", "10.96.0.1"), eps("a", [])]),
+    ("a service with an external IP arrives",
+     [svc("g", "10.96.0.7", externalIPs=["198.51.100.7"]), eps("g", ["10.1.0.8"])], []),
+    ("a service without endpoints gets one", [eps("e", ["10.1.0.10"])], []),
+    ("affinity comes back with another timeout",
+     [svc("d", "10.96.0.4", sessionAffinity="ClientIP",
+          sessionAffinityConfig={"clientIP": {"timeoutSeconds": 60}})], []),
+    ("a port number changes", [svc("f", "10.96.0.6", [port("dns", 5353, "UDP")])], []),
+    ("a NodePort service becomes ClusterIP", [svc("b", "10.96.0.2")], []),
+]  # fmt: skip
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def kernel(objs: list[dict[str, Any]], cfg: ProxyConfig | None = None) -> Table:
+    """What one full sync of ``objs`` writes into an empty kernel."""
+    nft = FakeNft()
+    syncer = Syncer(tracker_with("node-a", *objs), NftablesBackend(
+        cfg or ProxyConfig(), nft=nft, delete_conntrack=lambda f, v6: 0))  # fmt: skip
+    syncer.sync()
+    return nft.table("ip", "kube-proxy")
+
+
+def key(o: dict[str, Any]) -> tuple[str, str]:
+    return o["kind"], o["metadata"]["name"]
+
+
+@pytest.mark.parametrize("service_metrics", [False, True], ids=["plain", "counters"])
+def test_partial_syncs_leave_the_kernel_a_full_sync_would_write(service_metrics: bool) -> None:
+    """With --service-metrics, each service port's DNAT rules use a named counter, which
+    the kernel will not delete while a rule uses it."""
+    cfg = ProxyConfig(service_metrics=service_metrics)
+    objs = {key(o): o for o in START}
+    tracker = tracker_with("node-a", *START)
+    nft, clock, cleared = FakeNft(), Clock(), []
+    backend = NftablesBackend(cfg, nft=nft, clock=clock,
+                              delete_conntrack=lambda f, v6: cleared.append(f) or 0)  # fmt: skip
+    syncer = Syncer(tracker, backend)
+    syncer.sync()
+    assert nft.table("ip", "kube-proxy") == kernel(list(objs.values()), cfg)
+    assert bool(nft.table("ip", "kube-proxy").counters) == service_metrics
+    for what, changed, deleted in STEPS:
+        fulls = syncer.stats.full_syncs
+        for o in changed:
+            objs[key(o)] = o
+            tracker.apply(Event(o["kind"], EventType.MODIFIED, o))
+        for o in deleted:
+            objs.pop(key(o))
+            tracker.apply(Event(o["kind"], EventType.DELETED, o))
+        syncer.sync()
+        clock.now += 2  # stale chains are deleted a second after they were flushed
+        syncer.sync()
+        assert syncer.stats.full_syncs == fulls, f"{what}: the sync was not partial"
+        assert nft.table("ip", "kube-proxy") == kernel(list(objs.values()), cfg), what
+    assert cleared  # the UDP port change cleared its stale flows
+
+
+def test_a_partial_transaction_the_kernel_refuses_falls_back_to_a_full_one() -> None:
+    tracker = tracker_with("node-a", *START)
+    nft, clock = FakeNft(), Clock()
+    syncer = Syncer(tracker, NftablesBackend(ProxyConfig(), nft=nft, clock=clock,
+                                             delete_conntrack=lambda f, v6: 0))  # fmt: skip
+    syncer.sync()
+    # Someone deletes service a's elements behind pyproxy's back: deleting them again, as
+    # the partial sync for a's deletion does, is refused.
+    t = nft.table("ip", "kube-proxy")
+    t.sets["cluster-ips"].elements.pop("10.96.0.1")
+    t.sets["service-ips"].elements.pop("10.96.0.1 . tcp . 80")
+    tracker.apply(Event("Service", EventType.DELETED, svc("a", "10.96.0.1")))
+    tracker.apply(Event("EndpointSlice", EventType.DELETED, eps("a", [])))
+    syncer.sync()  # no exception: the sync succeeded
+    assert syncer.stats.full_syncs == 2
+    assert syncer.last_full_reason.startswith("a partial write failed: "), syncer.last_full_reason
+    assert "No such file or directory" in syncer.last_full_reason
+    clock.now += 2
+    syncer.sync()  # deletes the chains the full sync flushed
+    objs = [o for o in START if o["metadata"]["name"] not in ("a", "a-1")]
+    assert nft.table("ip", "kube-proxy") == kernel(objs)
