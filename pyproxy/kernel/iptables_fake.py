@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import shlex
+import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -68,7 +69,9 @@ class FakeIptables(Iptables):
     def unusable(self, writes: bool = True) -> str:
         return ""
 
-    def run(self, *args: str, check: bool = True, timeout: float = 60) -> object:
+    def run(
+        self, *args: str, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
         raise NotImplementedError("the fake runs no iptables program; use its port methods")
 
     def restore(self, data: str, counters: bool = True, timeout: float = 300) -> None:
