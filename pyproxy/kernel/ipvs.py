@@ -13,7 +13,7 @@ import errno
 import logging
 import socket
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,8 @@ from typing import Any
 from pyroute2 import IPVS, IPRoute, IPSet, IPVSDest, IPVSService
 from pyroute2.ipset import PortEntry
 from pyroute2.netlink.exceptions import NetlinkError
+
+from pyproxy.kernel.addresses import Address, local_addresses
 
 log = logging.getLogger(__name__)
 
@@ -380,3 +382,36 @@ def statistics() -> dict[VSKey, tuple[Stats, dict[DestKey, Stats]]]:
         return sock.statistics()
     finally:
         sock.close()
+
+
+class IpvsKernel:
+    """The IPVS mode's kernel port beyond xtables: IPVS and ipset netlink sockets, the dummy
+    link's addresses and the host's own addresses. ``pyproxy.kernel.ipvs_fake`` stands in for
+    it in unit tests, refusing what the kernel refuses."""
+
+    def ipvs(self) -> Ipvs:
+        return Ipvs()
+
+    def ipsets(self) -> IpSets:
+        return IpSets()
+
+    def statistics(self) -> dict[VSKey, tuple[Stats, dict[DestKey, Stats]]]:
+        return statistics()
+
+    def scheduler_available(self, name: str) -> bool:
+        return scheduler_available(name)
+
+    def ensure_dummy(self, ifname: str) -> int:
+        return ensure_dummy(ifname)
+
+    def dummy_addresses(self, ifname: str) -> set[str] | None:
+        return dummy_addresses(ifname)
+
+    def set_addresses(self, ifname: str, add: Iterable[str], remove: Iterable[str]) -> None:
+        set_addresses(ifname, add, remove)
+
+    def delete_link(self, ifname: str) -> bool:
+        return delete_link(ifname)
+
+    def local_addresses(self, exclude_links: Collection[str] = ()) -> list[Address]:
+        return local_addresses(exclude_links)

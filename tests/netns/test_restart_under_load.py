@@ -15,7 +15,7 @@ from tests.netns.world import HERE, PYTHON, Pyproxy, SyncCounts, World, manifest
 
 pytestmark = pytest.mark.netns
 PYPROXY_MODES = ("iptables", "nftables")
-COUNT, INTERVAL = 500, 0.01  # about 100 a second for 5 s, then the probe ends by itself
+COUNT, INTERVAL = 1000, 0.01  # about 100 a second for 10 s, then the probe ends by itself
 
 
 def test_sigkill_and_restart_lose_no_connection(world: World, proxy: Pyproxy) -> None:

@@ -53,7 +53,7 @@ from pyproxy.backends.xtables.compare import compare as xtables_compare
 from pyproxy.backends.xtables.rules import KUBE_MARK_MASQ
 from pyproxy.backends.xtables.tables import cleanup_everywhere, ensure_jumps, open_tables
 from pyproxy.config.settings import ProxyConfig
-from pyproxy.kernel import addresses, conntrack
+from pyproxy.kernel import conntrack
 from pyproxy.kernel import ipvs as kipvs
 from pyproxy.kernel.iptables import Iptables, IptablesError
 from pyproxy.model.types import IPFamily, ProxyState
@@ -139,15 +139,16 @@ class IpvsFamily:
         self.view = None
         desired = new.desired()
         try:
-            sets = kipvs.IpSets()
+            k = self._backend.kernel
+            sets = k.ipsets()
             try:
                 for name, stype in self.types.items():  # the rules reference them
                     sets.ensure(name, stype, kipvs.socket_family(self.family is IPFamily.IPV6))
                 self._backend.restore(self, desired.iptables)
-                addrs = {a for a in kipvs.dummy_addresses(DUMMY) or ()
+                addrs = {a for a in k.dummy_addresses(DUMMY) or ()
                          if _family_of(a) is self.family}  # fmt: skip
                 ours = addrs | {str(ip) for ip in new.node.local_addresses}
-                ipvs = kipvs.Ipvs()
+                ipvs = k.ipvs()
                 try:
                     members = {n: sets.members(n, t) for n, t in self.types.items()}
                     p = plan(desired, _current(ipvs, self.family), addrs, ours, members)
@@ -175,7 +176,8 @@ class IpvsFamily:
             return lambda: None
         wanted = {k: programmed.virtual_server_after(k, updates) for k in keys}
         try:
-            sets, ipvs = kipvs.IpSets(), kipvs.Ipvs()
+            k = self._backend.kernel
+            sets, ipvs = k.ipsets(), k.ipvs()
             try:
                 current = {
                     k: _current_of(ipvs, k, view.services[k]) for k in keys if k in view.services
@@ -218,9 +220,14 @@ class IpvsBackend(Backend):
         cfg: ProxyConfig,
         tables: Mapping[IPFamily, Iptables] | None = None,
         delete_conntrack: DeleteConntrack = conntrack.delete,
+        kernel: kipvs.IpvsKernel | None = None,
+        sysctls: Callable[..., None] = require_sysctls,
     ) -> None:
-        """``tables`` and ``delete_conntrack`` are kernel ports (default: the iptables back
-        end chosen by the configuration, and the conntrack tool)."""
+        """``tables``, ``delete_conntrack``, ``kernel`` and ``sysctls`` are kernel ports
+        (default: the iptables back end chosen by the configuration, the conntrack tool,
+        IPVS, ipset and address netlink, and /proc/sys of this network namespace)."""
+        self.kernel = kernel or kipvs.IpvsKernel()
+        self._sysctls = sysctls
         self.proxy = cfg
         self.configs = {f: IpvsConfig(family=f, proxy=cfg) for f in FAMILIES}
         scheduler = self.configs[IPFamily.IPV4].scheduler
@@ -265,7 +272,7 @@ class IpvsBackend(Backend):
         addresses (cluster IP, NodePorts, external and load-balancer IPs): connections, and
         packets and bytes in both directions."""
         try:
-            stats = kipvs.statistics()
+            stats = self.kernel.statistics()
         except kipvs.IpvsError as err:
             raise BackendError(str(err)) from None
         tables = {f: t for f in FAMILIES if (t := self.programmed(f)) is not None}
@@ -298,7 +305,7 @@ class IpvsBackend(Backend):
         """The full sync's reading of the kernel, without its writing: the plan it would
         carry out is the difference (and the iptables part, compared as iptables mode's)."""
         ipt = open_tables(self.proxy.iptables_backend, FAMILIES, self.mode, writes=False)
-        local = tuple(addresses.local_addresses(exclude_links=(DUMMY,)))
+        local = tuple(self.kernel.local_addresses(exclude_links=(DUMMY,)))
         state = replace(state, node=state.node.with_local_addresses(local))
         tables = {f: IpvsCache(self.configs[f]).render(state) for f in ipt}
         per_family = {f: t.desired() for f, t in tables.items()}
@@ -308,10 +315,10 @@ class IpvsBackend(Backend):
         out: list[Difference] = []
         for family, d in per_family.items():
             out += xtables_compare(ipt[family], d.iptables, JUMPS, canary=False, prepare=ipsets)
-        sets, ipvs = kipvs.IpSets(), kipvs.Ipvs()
+        sets, ipvs = self.kernel.ipsets(), self.kernel.ipvs()
         try:
             members = {name: sets.members(name, stype) for name, stype in types.items()}
-            current_addrs = kipvs.dummy_addresses(DUMMY) or set()
+            current_addrs = self.kernel.dummy_addresses(DUMMY) or set()
             current = {k: v for f in FAMILIES for k, v in _current(ipvs, f).items()}
             p = plan(merged, current, current_addrs,
                      current_addrs | {str(ip) for ip in local}, members)  # fmt: skip
@@ -336,18 +343,18 @@ class IpvsBackend(Backend):
         if self._ipt is not None:
             return self._ipt
         try:
-            kipvs.Ipvs().close()
+            self.kernel.ipvs().close()
         except kipvs.IpvsError as err:
             raise BackendUnavailable(str(err)) from None
         scheduler = self.configs[IPFamily.IPV4].scheduler
-        if not kipvs.scheduler_available(scheduler):
+        if not self.kernel.scheduler_available(scheduler):
             raise BackendUnavailable(
                 f"--ipvs-scheduler={scheduler}: this kernel has no ip_vs_{scheduler} module"
             )
         strict = self.configs[IPFamily.IPV4].strict_arp
-        require_sysctls(SYSCTLS + (STRICT_ARP if strict else ()), "ipvs mode")
+        self._sysctls(SYSCTLS + (STRICT_ARP if strict else ()), "ipvs mode")
         tables = self._tables or open_tables(self.proxy.iptables_backend, FAMILIES, self.mode)
-        kipvs.ensure_dummy(DUMMY)
+        self.kernel.ensure_dummy(DUMMY)
         log.info("ipvs mode: scheduler %s", scheduler)
         self._ipt = tables
         return tables
@@ -371,7 +378,7 @@ class IpvsBackend(Backend):
 
     def sync(self, request: SyncRequest) -> SyncResult:
         engine = self._engine_set_up()
-        local = tuple(addresses.local_addresses(exclude_links=(DUMMY,)))
+        local = tuple(self.kernel.local_addresses(exclude_links=(DUMMY,)))
         state = replace(request.state, node=request.state.node.with_local_addresses(local))
         result = engine.sync(state, request)
         if self.metrics is not None:
@@ -406,9 +413,9 @@ class IpvsBackend(Backend):
                     sets.add(name, stype, entry)
                 for entry in sorted(p.ipset_delete.get(name, ()), key=str):
                     sets.delete(name, stype, entry)
-            kipvs.set_addresses(DUMMY, sorted(p.add_addresses), ())
+            self.kernel.set_addresses(DUMMY, sorted(p.add_addresses), ())
             _apply_plan(ipvs, p)
-            kipvs.set_addresses(DUMMY, (), sorted(p.delete_addresses))
+            self.kernel.set_addresses(DUMMY, (), sorted(p.delete_addresses))
 
     # ---- cleanup ----------------------------------------------------------------------------
 
@@ -425,7 +432,7 @@ class IpvsBackend(Backend):
             )
         except BackendError as err:
             errors.append(str(err))
-        sets = kipvs.IpSets()
+        sets = self.kernel.ipsets()
         try:
             present = sets.names()
             for family in FAMILIES:
@@ -434,15 +441,14 @@ class IpvsBackend(Backend):
                         sets.destroy(name)
         finally:
             sets.close()
-        kipvs.delete_link(DUMMY)
+        self.kernel.delete_link(DUMMY)
         if errors:
             raise BackendError("; ".join(errors))
 
-    @staticmethod
-    def _cleanup_ipvs() -> None:
+    def _cleanup_ipvs(self) -> None:
         """Virtual servers on kube-ipvs0's addresses, or on a node address and a NodePort."""
-        vips = kipvs.dummy_addresses(DUMMY) or set()
-        sets = kipvs.IpSets()
+        vips = self.kernel.dummy_addresses(DUMMY) or set()
+        sets = self.kernel.ipsets()
         try:
             node_ports: set[int] = set()
             for family in FAMILIES:
@@ -452,9 +458,9 @@ class IpvsBackend(Backend):
                         node_ports |= {int(e[0]) for e in sets.members(name, "bitmap:port")}
         finally:
             sets.close()
-        ipvs = kipvs.Ipvs()
+        ipvs = self.kernel.ipvs()
         try:
-            local = {str(ip) for ip in addresses.local_addresses()}
+            local = {str(ip) for ip in self.kernel.local_addresses()}
             for key in ipvs.services():
                 if key[1] in vips or (key[1] in local and key[2] in node_ports):
                     ipvs.delete_service(key)
