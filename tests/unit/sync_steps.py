@@ -56,6 +56,9 @@ STEPS: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]] = [
           sessionAffinityConfig={"clientIP": {"timeoutSeconds": 60}})], []),
     ("a port number changes", [svc("f", "10.96.0.6", [port("dns", 5353, "UDP")])], []),
     ("a NodePort service becomes ClusterIP", [svc("b", "10.96.0.2")], []),
+    ("a service claims another's cluster IP and port as its external IP",
+     [svc("h", "10.96.0.9", externalIPs=["10.96.0.4"]), eps("h", ["10.1.0.99"])], []),
+    ("the claim goes", [], [svc("h", "10.96.0.9"), eps("h", [])]),
 ]  # fmt: skip
 
 
