@@ -24,6 +24,7 @@ from pyproxy.backends.xtables.rules import (
     KUBE_POSTROUTING,
     NEW,
     JumpRule,
+    XtablesConfig,
     forward_rules,
     if_local,
     if_not_local,
@@ -31,7 +32,6 @@ from pyproxy.backends.xtables.rules import (
     postrouting_rules,
     quote,
 )
-from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.selection import EndpointSelection, categorize_endpoints
 from pyproxy.model.types import (
     Endpoint,
@@ -97,17 +97,8 @@ KUBELET_FIREWALL_JUMPS = (
 
 
 @dataclass(frozen=True)
-class IptablesConfig:
-    """Render settings for one IP family, fixed at start from the ProxyConfig."""
-
-    family: IPFamily = IPFamily.IPV4
-    proxy: ProxyConfig = field(default_factory=ProxyConfig)
-    random_fully: bool = True
-    conntrack_tcp_liberal: bool = False
-
-    @property
-    def mark(self) -> str:
-        return self.proxy.masquerade.mark
+class IptablesConfig(XtablesConfig):
+    """iptables mode's render settings for one IP family."""
 
     @property
     def localhost_enabled(self) -> bool:

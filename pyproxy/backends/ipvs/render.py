@@ -19,13 +19,13 @@ from pyproxy.backends.xtables.rules import (
     KUBE_MARK_MASQ,
     KUBE_POSTROUTING,
     JumpRule,
+    XtablesConfig,
     forward_rules,
     if_not_local,
     mark_masq_rules,
     postrouting_rules,
     restore_text,
 )
-from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.selection import categorize_endpoints
 from pyproxy.model.types import (
     Endpoint,
@@ -104,15 +104,8 @@ def family_sets(family: IPFamily) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
-class IpvsConfig:
-    family: IPFamily = IPFamily.IPV4
-    proxy: ProxyConfig = field(default_factory=ProxyConfig)
-    random_fully: bool = True
-    conntrack_tcp_liberal: bool = False
-
-    @property
-    def mark(self) -> str:
-        return self.proxy.masquerade.mark
+class IpvsConfig(XtablesConfig):
+    """IPVS mode's render settings for one IP family."""
 
     @property
     def scheduler(self) -> str:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from pyproxy.model.types import IPNetwork
+from pyproxy.config.settings import ProxyConfig
+from pyproxy.model.types import IPFamily, IPNetwork
 
 KUBE_MARK_MASQ = "KUBE-MARK-MASQ"
 KUBE_POSTROUTING = "KUBE-POSTROUTING"
@@ -13,6 +14,21 @@ KUBE_FORWARD = "KUBE-FORWARD"
 KUBE_PROXY_CANARY = "KUBE-PROXY-CANARY"
 CANARY_TABLES = ("mangle", "nat", "filter")
 NEW = ("-m", "conntrack", "--ctstate", "NEW")
+
+
+@dataclass(frozen=True)
+class XtablesConfig:
+    """Render settings for one IP family that every iptables-writing mode shares, fixed at
+    start from the ProxyConfig."""
+
+    family: IPFamily = IPFamily.IPV4
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)
+    random_fully: bool = True
+    conntrack_tcp_liberal: bool = False
+
+    @property
+    def mark(self) -> str:
+        return self.proxy.masquerade.mark
 
 
 @dataclass(frozen=True)
