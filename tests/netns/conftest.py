@@ -7,6 +7,7 @@ real packets and removes the file. Skipped, with the reason, where namespaces ar
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +29,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     modes = getattr(metafunc.module, "PYPROXY_MODES", None)
     if modes and "proxy" in metafunc.fixturenames:
         metafunc.parametrize("proxy", modes, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def scratch_ns() -> Iterator[str]:
+    """An empty network namespace of the module's own, for running a tool against this
+    kernel (removed afterwards, also when a test failed)."""
+    name = f"pyk-scratch-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 @pytest.fixture(scope="module")

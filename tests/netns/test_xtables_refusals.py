@@ -4,46 +4,29 @@ transactions of ``tests/xtables_refusals.py`` that the unit suite's checking fak
 
 from __future__ import annotations
 
-import os
-import subprocess
-from collections.abc import Iterator
-
 import pytest
 
+from tests.netns.world import in_ns
 from tests.xtables_refusals import CASES, SETUP
 
 
-def run(
-    ns: str, tool: str, *args: str, text: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", "netns", "exec", ns, tool, *args], input=text, text=True,
-                          capture_output=True, timeout=30)  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def ns() -> Iterator[str]:
-    name = f"pyk-iptref-{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
+def saved(ns: str, tool: str) -> list[str]:
+    out = in_ns(ns, f"{tool}-save", "-t", "nat").stdout
+    return [line for line in out.splitlines() if not line.startswith("#")]
 
 
 @pytest.mark.parametrize("backend", ["nft", "legacy"])
 @pytest.mark.parametrize(("what", "text", "refused"), CASES, ids=[c[0] for c in CASES])
 def test_iptables_refuses_what_the_fake_refuses(
-    ns: str, backend: str, what: str, text: str, refused: bool
+    scratch_ns: str, backend: str, what: str, text: str, refused: bool
 ) -> None:
     tool = f"iptables-{backend}"
     for flag in ("-F", "-X"):
-        assert run(ns, tool, "-t", "nat", flag).returncode == 0
-    setup = run(ns, f"{tool}-restore", "--noflush", text=SETUP)
+        assert in_ns(scratch_ns, tool, "-t", "nat", flag).returncode == 0
+    setup = in_ns(scratch_ns, f"{tool}-restore", "--noflush", text=SETUP)
     assert setup.returncode == 0, setup.stderr
-    before = run(ns, f"{tool}-save", "-t", "nat").stdout
-    res = run(ns, f"{tool}-restore", "--noflush", text=text)
+    before = saved(scratch_ns, tool)
+    res = in_ns(scratch_ns, f"{tool}-restore", "--noflush", text=text)
     assert (res.returncode != 0) == refused, f"{what}: rc={res.returncode} {res.stderr}"
     if refused:
-        after = run(ns, f"{tool}-save", "-t", "nat").stdout
-        strip = [ln for ln in before.splitlines() if not ln.startswith("#")]
-        assert [ln for ln in after.splitlines() if not ln.startswith("#")] == strip
+        assert saved(scratch_ns, tool) == before

@@ -51,6 +51,12 @@ def sh(
     return res
 
 
+def in_ns(ns: str, *argv: str, text: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``argv`` run in namespace ``ns`` with ``text`` as its input; never raises on failure."""
+    return subprocess.run(["ip", "netns", "exec", ns, *argv], input=text, text=True,
+                          capture_output=True, timeout=30)  # fmt: skip
+
+
 @dataclass
 class Pod:
     name: str

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pyproxy.model.events import Event, EventType
+from pyproxy.sync.tracker import ChangeTracker
 from tests.helpers import endpoint, endpoint_slice, node, port, service
 
 NODE = node("node-a", addresses=["172.31.0.10"])
@@ -72,3 +74,18 @@ class Clock:
 
 def key(o: dict[str, Any]) -> tuple[str, str]:
     return o["kind"], o["metadata"]["name"]
+
+
+def apply(
+    tracker: ChangeTracker,
+    objs: dict[tuple[str, str], dict[str, Any]],
+    changed: list[dict[str, Any]],
+    deleted: list[dict[str, Any]],
+) -> None:
+    """One step: the tracker sees it, and ``objs`` (what a full sync would be given) follows."""
+    for o in changed:
+        objs[key(o)] = o
+        tracker.apply(Event(o["kind"], EventType.MODIFIED, o))
+    for o in deleted:
+        objs.pop(key(o))
+        tracker.apply(Event(o["kind"], EventType.DELETED, o))

@@ -16,7 +16,7 @@ from pyproxy.model.events import Event, EventType
 from pyproxy.model.types import IPFamily
 from pyproxy.sync.syncer import Syncer
 from tests.helpers import tracker_with
-from tests.unit.sync_steps import START, STEPS, key
+from tests.unit.sync_steps import START, STEPS, apply, key
 
 SERVICE_CHAINS = ("KUBE-SVC-", "KUBE-SVL-", "KUBE-SEP-", "KUBE-EXT-", "KUBE-FW-")
 
@@ -64,12 +64,7 @@ def test_partial_syncs_leave_the_rules_a_full_sync_would_write() -> None:
     assert "KUBE-NODEPORTS" in ipt.save("nat")
     for what, changed, deleted in STEPS:
         fulls, restores = syncer.stats.full_syncs, len(ipt.restores)
-        for o in changed:
-            objs[key(o)] = o
-            tracker.apply(Event(o["kind"], EventType.MODIFIED, o))
-        for o in deleted:
-            objs.pop(key(o))
-            tracker.apply(Event(o["kind"], EventType.DELETED, o))
+        apply(tracker, objs, changed, deleted)
         syncer.sync()
         assert syncer.stats.full_syncs == fulls, f"{what}: the sync was not partial"
         assert len(ipt.restores) == restores + 1, f"{what}: one restore"

@@ -16,7 +16,7 @@ from pyproxy.model.events import Event, EventType
 from pyproxy.model.types import IPFamily
 from pyproxy.sync.syncer import Syncer
 from tests.helpers import tracker_with
-from tests.unit.sync_steps import START, STEPS, eps, key, svc
+from tests.unit.sync_steps import START, STEPS, apply, eps, key, svc
 
 
 def backend(k: FakeIpvsKernel, cleared: list[Any] | None = None) -> IpvsBackend:
@@ -57,12 +57,7 @@ def test_partial_syncs_leave_the_kernel_a_full_sync_would_write() -> None:
     assert (6, "172.31.0.10", 30080) in k.virtual_servers  # NodePorts on the node's address
     for what, changed, deleted in STEPS:
         fulls = syncer.stats.full_syncs
-        for o in changed:
-            objs[key(o)] = o
-            tracker.apply(Event(o["kind"], EventType.MODIFIED, o))
-        for o in deleted:
-            objs.pop(key(o))
-            tracker.apply(Event(o["kind"], EventType.DELETED, o))
+        apply(tracker, objs, changed, deleted)
         syncer.sync()
         assert syncer.stats.full_syncs == fulls, f"{what}: the sync was not partial"
         assert held(k) == kernel(list(objs.values())), what

@@ -17,7 +17,7 @@ from pyproxy.kernel.nft_fake import FakeNft, Table
 from pyproxy.model.events import Event, EventType
 from pyproxy.sync.syncer import Syncer
 from tests.helpers import tracker_with
-from tests.unit.sync_steps import START, STEPS, Clock, eps, key, svc
+from tests.unit.sync_steps import START, STEPS, Clock, apply, eps, key, svc
 
 
 def kernel(objs: list[dict[str, Any]], cfg: ProxyConfig | None = None) -> Table:
@@ -45,12 +45,7 @@ def test_partial_syncs_leave_the_kernel_a_full_sync_would_write(service_metrics:
     assert bool(nft.table("ip", "kube-proxy").counters) == service_metrics
     for what, changed, deleted in STEPS:
         fulls = syncer.stats.full_syncs
-        for o in changed:
-            objs[key(o)] = o
-            tracker.apply(Event(o["kind"], EventType.MODIFIED, o))
-        for o in deleted:
-            objs.pop(key(o))
-            tracker.apply(Event(o["kind"], EventType.DELETED, o))
+        apply(tracker, objs, changed, deleted)
         syncer.sync()
         clock.now += 2  # stale chains are deleted a second after they were flushed
         syncer.sync()
