@@ -1,4 +1,4 @@
-"""The per-family sync engine every kernel-programming mode runs on (iptables, nftables, IPVS).
+"""The per-family sync engine every mode runs on (iptables, nftables, IPVS, userspace).
 
 One sync, for each IP family the mode programs: decide full or partial (and say why), render
 what changed through the family's ``ServiceCache``, have the mode write it, and only once the

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import re
-import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -28,26 +28,30 @@ from pyproxy.backends.base import (
     SyncResult,
     by_service_port,
 )
+from pyproxy.backends.engine.cache import Entry
+from pyproxy.backends.engine.engine import Engine
 from pyproxy.backends.relay import PortSpec, Relay
+from pyproxy.backends.stale_conntrack import Filter
 from pyproxy.backends.trace import AFFINITY_NOTE, RELAY, Outcome, Packet, Trace
+from pyproxy.backends.userspace.table import (
+    FILTER_CHAINS,
+    NAT_CHAINS,
+    UserspaceCache,
+    UserspaceTable,
+    listener,
+    render_rules,
+    specs,
+)
 from pyproxy.backends.xtables.compare import compare as xtables_compare
 from pyproxy.backends.xtables.rules import NEW, JumpRule
 from pyproxy.backends.xtables.tables import cleanup_everywhere, ensure_jumps, open_tables
 from pyproxy.backends.xtables.walk import Walker
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.kernel.iptables import Iptables, IptablesError
-from pyproxy.model.selection import categorize_endpoints
-from pyproxy.model.types import IPFamily, Protocol, ProxyState, ServicePort
+from pyproxy.model.types import IPFamily, NamespacedName, Protocol, ProxyState
 
 log = logging.getLogger(__name__)
 
-NAT_CHAINS = (
-    "KUBE-PORTALS-CONTAINER",
-    "KUBE-PORTALS-HOST",
-    "KUBE-NODEPORT-CONTAINER",
-    "KUBE-NODEPORT-HOST",
-)
-FILTER_CHAINS = ("KUBE-SERVICES", "KUBE-EXTERNAL-SERVICES")
 LOCAL = ("-m", "addrtype", "--dst-type", "LOCAL")
 PORTALS = "handle ClusterIPs; NOTE: this must be before the NodePort rules"
 NODEPORTS = "handle service NodePorts; NOTE: this must be the last rule in the chain"
@@ -69,82 +73,55 @@ JUMPS = (
 )
 
 
-def key_of(sp: ServicePort) -> str:
-    return f"{sp.name}/{sp.protocol.value}"
-
-
-def specs(state: ProxyState) -> dict[str, PortSpec]:
-    """The listeners the state needs (TCP/UDP IPv4 service ports with endpoints)."""
-    out: dict[str, PortSpec] = {}
-    for sp in state.sorted_services(IPFamily.IPV4):
-        if sp.protocol is Protocol.SCTP:
-            continue
-        sel = categorize_endpoints(sp, state.endpoints_for(sp.name, IPFamily.IPV4), state.node)
-        eps = sel.local if sp.internal_policy_local else sel.cluster
-        if not eps:
-            continue
-        out[key_of(sp)] = PortSpec(
-            sp.protocol.value.lower(),
-            tuple((str(e.ip), e.port) for e in eps),
-            sp.sticky_max_age_seconds if sp.session_affinity_client_ip else 0,
-            str(sp.name),
-        )
-    return out
-
-
 _TO_PORTS = re.compile(r"--to-ports \d+")
 RELAY_PORT = "--to-ports <relay port>"
 
 
-def _listener(key: str) -> str:
-    """The relay's port in a render without listeners (the kernel picks it at run time)."""
-    return f"<listener:{key}>"
+def _no_conntrack(filters: Sequence[Filter], ipv6: bool) -> int:
+    """The relay's flows to endpoints are its own sockets, not NAT: nothing to clear."""
+    return 0
 
 
-def render_rules(state: ProxyState, ports: Mapping[str, int] | None) -> str:
-    """nat + filter rules; ``ports`` maps listener keys to local ports (None: placeholders)."""
-    nat = ["*nat", *(f":{c} - [0:0]" for c in NAT_CHAINS)]
-    filt = ["*filter", *(f":{c} - [0:0]" for c in FILTER_CHAINS)]
-    listening = ports if ports is not None else specs(state)
-    for sp in state.sorted_services(IPFamily.IPV4):
-        proto = sp.protocol.value.lower()
-        name = str(sp.name)
-        addrs = [
-            str(sp.cluster_ip(IPFamily.IPV4)),
-            *map(str, sp.external_ips),
-            *map(str, sp.load_balancer_ips),
-        ]
-        if sp.protocol is Protocol.SCTP:
-            continue
-        key = key_of(sp)
-        has = key in listening
-        if not has:
-            for addr in addrs:
-                filt.append(
-                    f'-A KUBE-SERVICES -m comment --comment "{name} has no endpoints" '
-                    f"-m {proto} -p {proto} -d {addr} --dport {sp.port} -j REJECT"
-                )
-            if sp.node_port:
-                filt.append(
-                    f'-A KUBE-EXTERNAL-SERVICES -m comment --comment "{name} has no '
-                    f'endpoints" -m addrtype --dst-type LOCAL -m {proto} -p {proto} '
-                    f"--dport {sp.node_port} -j REJECT"
-                )
-            continue
-        to = str(ports[key]) if ports is not None else _listener(key)
-        for chain in ("KUBE-PORTALS-CONTAINER", "KUBE-PORTALS-HOST"):
-            for addr in addrs:
-                nat.append(
-                    f'-A {chain} -m comment --comment "{name}" -m {proto} -p {proto} '
-                    f"-d {addr} --dport {sp.port} -j REDIRECT --to-ports {to}"
-                )
-        if sp.node_port:
-            for chain in ("KUBE-NODEPORT-CONTAINER", "KUBE-NODEPORT-HOST"):
-                nat.append(
-                    f'-A {chain} -m comment --comment "{name}" -m {proto} -p {proto} '
-                    f"--dport {sp.node_port} -j REDIRECT --to-ports {to}"
-                )
-    return "\n".join([*filt, "COMMIT", *nat, "COMMIT"]) + "\n"
+class UserspaceFamily:
+    """IPv4's part of a sync (the engine's FamilyWriter): the relay's listeners, then the
+    rules that lead to them. The rules are few (one per service address), so every write
+    restores them whole; the relay changes only the listeners that differ."""
+
+    family = IPFamily.IPV4
+
+    def __init__(self, backend: UserspaceBackend, ipt: Iptables) -> None:
+        self.ipt = ipt
+        self.cache = UserspaceCache()
+        self._backend = backend
+
+    def before_partial(self, programmed: UserspaceTable, now: float) -> str:
+        return ""
+
+    def deferred_until(self) -> float | None:
+        return None
+
+    def write_full(self, new: UserspaceTable) -> None:
+        self._write(new)
+        declared = {("nat", c) for c in NAT_CHAINS} | {("filter", c) for c in FILTER_CHAINS}
+        ensure_jumps(self.ipt, JUMPS, declared)
+
+    def write_partial(
+        self, programmed: UserspaceTable, updates: Mapping[NamespacedName, Entry[Any] | None]
+    ) -> Callable[[], None]:
+        if updates:
+            self._write(programmed.with_updates(updates))
+        return lambda: None
+
+    def _write(self, table: UserspaceTable) -> None:
+        ports = self._backend.relay.apply(table.specs())
+        text = table.text(ports)
+        try:
+            with self._backend.transactions.applying(self.ipt.restore_label, text):
+                self.ipt.restore(text)
+        except IptablesError as err:
+            raise BackendError(f"iptables-restore failed: {err}") from None
+        if self._backend.listeners is not None:
+            self._backend.listeners.set(len(ports))
 
 
 class UserspaceBackend(Backend):
@@ -156,16 +133,19 @@ class UserspaceBackend(Backend):
         connect_timeout: float = 1.0,
         udp_idle_timeout: float = 30.0,
         max_connections: int = 1000,
+        tables: Mapping[IPFamily, Iptables] | None = None,
     ) -> None:
+        """``tables``: the xtables port (default: the back end the configuration chooses)."""
         self.proxy = cfg
         self._opts = (connect_timeout, udp_idle_timeout, max_connections)
-        self._ipt: Iptables | None = None
+        self._tables = tables
+        self._engine: Engine[UserspaceTable] | None = None
         self._relay: Relay | None = None
         self._warned_sctp: set[str] = set()
-        self._listeners: Gauge | None = None
+        self.listeners: Gauge | None = None
 
     def register_metrics(self, registry: CollectorRegistry) -> None:
-        self._listeners = Gauge(
+        self.listeners = Gauge(
             "pyproxy_userspace_listeners",
             "Service ports the userspace relay listens for",
             registry=registry,
@@ -193,7 +173,7 @@ class UserspaceBackend(Backend):
         def make() -> tuple[Walker, dict[str, PortSpec]]:
             local = state.node.local_addresses
             return (Walker(render_rules(state, None), JUMPS, local, "0x0"),
-                    {_listener(key): spec for key, spec in specs(state).items()})  # fmt: skip
+                    {listener(key): spec for key, spec in specs(state).items()})  # fmt: skip
 
         walker, wanted = self.walker(state, IPFamily.IPV4, make)
         out: list[Outcome] = []
@@ -229,43 +209,24 @@ class UserspaceBackend(Backend):
         )
 
     def prepare(self) -> None:
-        self._tables()
+        self._engine_set_up()
 
-    def _tables(self) -> Iptables:
+    def _engine_set_up(self) -> Engine[UserspaceTable]:
         """The IPv4 iptables the REDIRECT rules go to; BackendUnavailable when none can be
         written here (the daemon then ends at start, as the other modes do)."""
-        if self._ipt is None:
-            tables = open_tables(self.proxy.iptables_backend, (IPFamily.IPV4,), self.mode)
-            self._ipt = tables[IPFamily.IPV4]
-        return self._ipt
+        if self._engine is None:
+            tables = self._tables or open_tables(self.proxy.iptables_backend, (IPFamily.IPV4,),
+                                                 self.mode)  # fmt: skip
+            self._engine = Engine([UserspaceFamily(self, tables[IPFamily.IPV4])], _no_conntrack)
+        return self._engine
 
     def sync(self, request: SyncRequest) -> SyncResult:
-        t0 = time.monotonic()
-        ipt = self._tables()
+        engine = self._engine_set_up()
         for sp in request.state.services.values():
             if sp.protocol is Protocol.SCTP and str(sp.name) not in self._warned_sctp:
                 self._warned_sctp.add(str(sp.name))
                 log.warning("%s: SCTP is not supported in userspace mode; skipped", sp.name)
-        wanted = specs(request.state)
-        ports = self.relay.apply(wanted)
-        text = render_rules(request.state, ports)
-        t1 = time.monotonic()
-        try:
-            with self.transactions.applying(ipt.restore_label, text):
-                ipt.restore(text)
-        except IptablesError as err:
-            raise BackendError(f"iptables-restore failed: {err}") from None
-        if request.full:
-            declared = {("nat", c) for c in NAT_CHAINS} | {("filter", c) for c in FILTER_CHAINS}
-            ensure_jumps(ipt, JUMPS, declared)
-        if self._listeners is not None:
-            self._listeners.set(len(ports))
-        return SyncResult(
-            full=True,
-            families=(IPFamily.IPV4,),
-            render_seconds=t1 - t0,
-            apply_seconds=time.monotonic() - t1,
-        )
+        return engine.sync(request.state, request)
 
     def cleanup(self) -> None:
         cleanup_everywhere(
