@@ -174,7 +174,8 @@ class IpvsFamily:
         keys = delta.services | view.draining
         if not keys and delta.empty():
             return lambda: None
-        wanted = {k: programmed.virtual_server_after(k, updates) for k in keys}
+        wanted = {k: programmed.virtual_server_after(k, updates) for k in keys - delta.services}
+        wanted.update(delta.wanted)
         try:
             k = self._backend.kernel
             sets, ipvs = k.ipsets(), k.ipvs()

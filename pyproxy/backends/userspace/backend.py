@@ -40,7 +40,6 @@ from pyproxy.backends.userspace.table import (
     UserspaceTable,
     listener,
     render_rules,
-    specs,
 )
 from pyproxy.backends.xtables.compare import compare as xtables_compare
 from pyproxy.backends.xtables.rules import NEW, JumpRule
@@ -172,8 +171,9 @@ class UserspaceBackend(Backend):
 
         def make() -> tuple[Walker, dict[str, PortSpec]]:
             local = state.node.local_addresses
-            return (Walker(render_rules(state, None), JUMPS, local, "0x0"),
-                    {listener(key): spec for key, spec in specs(state).items()})  # fmt: skip
+            table = UserspaceCache().render(state)
+            return (Walker(table.text(None), JUMPS, local, "0x0"),
+                    {listener(key): spec for key, spec in table.specs().items()})  # fmt: skip
 
         walker, wanted = self.walker(state, IPFamily.IPV4, make)
         out: list[Outcome] = []
@@ -196,7 +196,8 @@ class UserspaceBackend(Backend):
         sides: a rule missing, extra or changed shows; which port it names does not."""
         tables = open_tables(self.proxy.iptables_backend, (IPFamily.IPV4,), self.mode,
                              writes=False)  # fmt: skip
-        text = render_rules(state, dict.fromkeys(specs(state), 1))
+        table = UserspaceCache().render(state)
+        text = table.text(dict.fromkeys(table.specs(), 1))
         return xtables_compare(tables[IPFamily.IPV4], text, JUMPS, canary=False,
                                normalize=lambda line: _TO_PORTS.sub(RELAY_PORT, line))  # fmt: skip
 

@@ -156,8 +156,3 @@ class UserspaceCache(ServiceCache[ServiceRules, NodeInfo, UserspaceTable]):
 def render_rules(state: ProxyState, ports: Mapping[str, int] | None) -> str:
     """nat + filter rules; ``ports`` maps listener keys to local ports (None: placeholders)."""
     return UserspaceCache().render(state).text(ports)
-
-
-def specs(state: ProxyState) -> dict[str, PortSpec]:
-    """The listeners the state needs (TCP/UDP IPv4 service ports with endpoints)."""
-    return UserspaceCache().render(state).specs()
