@@ -32,7 +32,7 @@ from contextlib import contextmanager
 
 from pyproxy.backends.iptables.backend import BATCH_LINES
 from pyproxy.backends.iptables.render import IptablesConfig
-from pyproxy.backends.iptables.table import Rendered, Renderer, partial_text
+from pyproxy.backends.iptables.table import Rendered, Renderer, partial_restore
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.types import NamespacedName
 from tests.bench.synthetic import state
@@ -134,11 +134,11 @@ def measure_partials(
             )  # fmt: skip
             for name, text in (
                 ("upstream partial", upstream_partial(full, key)),
-                ("pyproxy partial", partial_text(base, add)),
+                ("pyproxy partial", partial_restore(base, add).text),
             ):
                 took = restore(ns, backend, text)
                 best[name] = min(best[name], took)
-                restore(ns, backend, partial_text(full, {key: None}))  # back to the base
+                restore(ns, backend, partial_restore(full, {key: None}).text)  # back to the base
                 print(f"  {name}: {took:.3f}s ({len(text.splitlines())} lines)", flush=True)
     return best
 

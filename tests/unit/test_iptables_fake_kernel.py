@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from pyproxy.backends.iptables.backend import IptablesBackend
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.kernel.iptables_fake import FakeIptables
@@ -87,3 +89,38 @@ def test_a_partial_restore_iptables_refuses_falls_back_to_a_full_one() -> None:
     assert syncer.stats.full_syncs == 2
     assert syncer.last_full_reason.startswith("a partial write failed: "), syncer.last_full_reason
     same(ipt.tables, kernel([o for o in START if o not in a]), "after the fallback")
+
+
+def _appended(restore: str) -> dict[str, int]:
+    """Rules a restore input adds (``-A`` and ``-I`` lines), per table."""
+    counts = {"filter": 0, "nat": 0}
+    table = ""
+    for line in restore.splitlines():
+        if line.startswith("*"):
+            table = line[1:]
+        elif line.startswith(("-A ", "-I ")):
+            counts[table] += 1
+    return counts
+
+
+def test_the_rules_written_metric_counts_what_each_restore_adds() -> None:
+    """kubeproxy_sync_proxy_rules_iptables_last is counted from the rules pyproxy rendered;
+    it must equal what the restore it wrote adds, for a full sync and for each partial."""
+    registry = CollectorRegistry()
+    objs = {key(o): o for o in START}
+    tracker = tracker_with("node-a", *START)
+    ipt = FakeIptables()
+    b = backend(ipt)
+    b.register_metrics(registry)
+    syncer = Syncer(tracker, b)
+
+    def last(table: str) -> float | None:
+        return registry.get_sample_value("kubeproxy_sync_proxy_rules_iptables_last",
+                                         {"table": table, "ip_family": "IPv4"})  # fmt: skip
+
+    for what, changed, deleted in [("full", [], []), *STEPS]:
+        apply(tracker, objs, changed, deleted)
+        before = len(ipt.restores)
+        syncer.sync()
+        written = _appended(ipt.restores[before])  # the jumps into the chains come after
+        assert (last("filter"), last("nat")) == (written["filter"], written["nat"]), what

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ipaddress
 
 from pyproxy.backends.iptables.render import IptablesConfig
-from pyproxy.backends.iptables.table import Renderer, partial_text, render
+from pyproxy.backends.iptables.table import Renderer, partial_restore, render
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.types import NamespacedName
 from tests.helpers import (
@@ -260,7 +260,7 @@ def partial(before: list[dict], after: list[dict], changed: set[NamespacedName])
     programmed = renderer.render(tracker_with(NODE, *before).current_state())
     updates = renderer.updates(tracker_with(NODE, *after).current_state(), changed, programmed)
     assert updates is not None
-    return partial_text(programmed, updates)
+    return partial_restore(programmed, updates).text
 
 
 def nat_lines(text: str) -> list[str]:

@@ -13,7 +13,8 @@ from pyproxy.backends.nftables.backend import NftablesBackend
 from pyproxy.backends.nftables.walk import Walker as NftWalker
 from pyproxy.backends.trace import Packet, TraceError
 from pyproxy.backends.userspace.backend import UserspaceBackend
-from pyproxy.backends.xtables.walk import parse_rule
+from pyproxy.backends.xtables.rule import Match, Module, Rule
+from pyproxy.backends.xtables.walk import Walker as XtablesWalker
 from pyproxy.config.settings import ProxyConfig
 from tests.helpers import endpoint, endpoint_slice, port, service, tracker_with
 
@@ -53,8 +54,10 @@ def test_another_address_is_not_pyproxys(backend: type) -> None:
 
 
 def test_an_unknown_iptables_option_is_an_error() -> None:
+    rule = Rule("PREROUTING", (Module("physdev"), Match("--physdev-in", "eth0")), "ACCEPT")
+    walker = XtablesWalker({"nat": {"PREROUTING": [rule]}}, (), (), "0x4000")
     with pytest.raises(TraceError, match="--physdev-in"):
-        parse_rule("filter", "-A KUBE-X -m physdev --physdev-in eth0 -j ACCEPT")
+        walker.walk(Packet(CLIENT, ipaddress.ip_address("10.96.0.1"), 80))
 
 
 def test_an_unknown_nft_expression_is_an_error() -> None:

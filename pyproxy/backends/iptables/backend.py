@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from prometheus_client import CollectorRegistry, Gauge
@@ -55,7 +55,7 @@ from pyproxy.backends.iptables.table import (
     Rendered,
     Renderer,
     Updates,
-    partial_text,
+    partial_restore,
 )
 from pyproxy.backends.local_addresses import with_local_addresses
 from pyproxy.backends.metrics import FAMILY, RestoreFailures, SyncDurations
@@ -104,10 +104,10 @@ class IptablesFamily:
         return None
 
     def write_partial(self, programmed: Rendered, updates: Updates) -> Callable[[], None]:
-        text = partial_text(programmed, updates)
-        if text:
-            self._backend.restore(self, text, partial=True)
-        return lambda: self._backend.count(self, programmed, [text] if text else [])
+        restore = partial_restore(programmed, updates)
+        if restore.text:
+            self._backend.restore(self, restore.text, partial=True)
+        return lambda: self._backend.count(self, programmed, restore.written)
 
     def write_full(self, new: Rendered) -> None:
         ensure_canary(self.ipt)
@@ -125,19 +125,7 @@ class IptablesFamily:
                 log.info("full sync: transaction %d of %d applied", i + 1, len(texts))
         declared = {("filter", c) for c in new.filter_chain_names()} | {("nat", c) for c in NAT_TOP}
         ensure_jumps(self.ipt, self.cfg.jump_rules(), declared)
-        self._backend.count(self, new, texts)
-
-
-def _written(texts: Collection[str]) -> Counter[str]:
-    counts: Counter[str] = Counter()
-    for text in texts:
-        table = ""
-        for line in text.splitlines():
-            if line.startswith("*"):
-                table = line[1:]
-            elif line.startswith(("-A ", "-I ")):
-                counts[table] += 1
-    return counts
+        self._backend.count(self, new, new.counts)
 
 
 class IptablesMetrics:
@@ -212,7 +200,7 @@ class IptablesBackend(Backend):
     def trace(self, state: ProxyState, packet: Packet) -> Trace:
         cfg = self.configs[packet.family]
         walker = self.walker(state, packet.family, lambda: Walker(
-            Renderer(cfg).render(state).text(), cfg.jump_rules(), state.node.local_addresses,
+            Renderer(cfg).render(state).tables(), cfg.jump_rules(), state.node.local_addresses,
             cfg.mark))  # fmt: skip
         return Trace(packet, self.mode, tuple(walker.walk(packet)))
 
@@ -284,10 +272,10 @@ class IptablesBackend(Backend):
         """The rule set pyproxy last wrote (or tried to) for ``family``."""
         return self._engine.programmed(family) if self._engine else None
 
-    def count(self, fam: IptablesFamily, programmed: Rendered, texts: list[str]) -> None:
+    def count(self, fam: IptablesFamily, programmed: Rendered, written: Counter[str]) -> None:
+        """``written``: the rules the last sync wrote, per table."""
         if self.metrics is None:
             return
-        written = _written(texts)
         for table in ("filter", "nat"):
             self.metrics.rules_total.labels(table, fam.family.value).set(programmed.counts[table])
             self.metrics.rules_last.labels(table, fam.family.value).set(written[table])

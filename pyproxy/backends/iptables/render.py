@@ -18,6 +18,16 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from pyproxy.backends.iptables import names
+from pyproxy.backends.xtables.rule import (
+    Match,
+    Module,
+    Part,
+    Rule,
+    addrtype,
+    comment,
+    ctstate,
+    dport,
+)
 from pyproxy.backends.xtables.rules import (
     KUBE_FORWARD,
     KUBE_MARK_MASQ,
@@ -30,7 +40,6 @@ from pyproxy.backends.xtables.rules import (
     if_not_local,
     mark_masq_rules,
     postrouting_rules,
-    quote,
 )
 from pyproxy.model.selection import EndpointSelection, categorize_endpoints
 from pyproxy.model.types import (
@@ -128,10 +137,12 @@ class NodeFacts:
 class ServiceRender:
     """Everything one service contributes, split into top-level lines and own chains."""
 
-    top_filter: dict[str, list[str]] = field(default_factory=dict)
-    top_nat: dict[str, list[str]] = field(default_factory=dict)
-    chains: dict[str, list[str]] = field(default_factory=dict)
-    """Own nat chains (SVC/SVL/EXT/FW/SEP) in write order, each with its full rule lines."""
+    top_filter: dict[str, list[Rule]] = field(default_factory=dict)
+    top_nat: dict[str, list[Rule]] = field(default_factory=dict)
+    chains: dict[str, list[Rule]] = field(default_factory=dict)
+    """Own nat chains (SVC/SVL/EXT/FW/SEP) in write order, each with its rules."""
+    kinds: dict[str, str] = field(default_factory=dict)
+    """Own chain -> its kind (``names.SEP``, ...), the order a batched full sync writes in."""
     no_local_internal: int = 0
     no_local_external: int = 0
 
@@ -141,6 +152,7 @@ class ServiceRender:
             for chain, lines in src.items():
                 dst.setdefault(chain, []).extend(lines)
         self.chains.update(other.chains)
+        self.kinds.update(other.kinds)
         self.no_local_internal += other.no_local_internal
         self.no_local_external += other.no_local_external
 
@@ -217,148 +229,85 @@ class _Port:
         """(target, comment) for traffic with nowhere to go: REJECT when the service has no
         endpoints at all, DROP when a Local policy has none on this node."""
         if not self.sel.has_any:
-            return "REJECT", quote(f"{self.name} has no endpoints")
-        return "DROP", quote(f"{self.name} has no local endpoints")
+            return "REJECT", f"{self.name} has no endpoints"
+        return "DROP", f"{self.name} has no local endpoints"
 
-    def match(self, dest: IPAddress | str, port: int | None = None) -> list[str]:
-        return [
-            "-m",
-            self.proto,
-            "-p",
-            self.proto,
-            "-d",
-            str(dest),
-            "--dport",
-            str(port or self.sp.port),
-        ]
+    def match(self, dest: IPAddress | str, port: int | None = None) -> tuple[Part, ...]:
+        return dport(self.proto, port or self.sp.port, str(dest))
 
 
-def _add(table: dict[str, list[str]], chain: str, *args: str) -> None:
-    table.setdefault(chain, []).append(" ".join(("-A", chain, *args)))
+Chains = dict[str, list[Rule]]
 
 
-def _comment(text: str) -> tuple[str, ...]:
-    return ("-m", "comment", "--comment", quote(text))
+def _add(table: Chains, rule: Rule) -> None:
+    table.setdefault(rule.chain, []).append(rule)
 
 
 def _cluster_ip_lines(p: _Port, out: ServiceRender) -> None:
     if p.has_internal:
         _add(
             out.top_nat,
-            KUBE_SERVICES,
-            *_comment(f"{p.name} cluster IP"),
-            *p.match(p.cluster_ip),
-            "-j",
-            p.internal_chain,
+            Rule(
+                KUBE_SERVICES,
+                (*comment(f"{p.name} cluster IP"), *p.match(p.cluster_ip)),
+                p.internal_chain,
+            ),
         )
     else:
-        target, comment = p.refusal()
-        _add(
-            out.top_filter,
-            KUBE_SERVICES,
-            "-m",
-            "comment",
-            "--comment",
-            comment,
-            *p.match(p.cluster_ip),
-            "-j",
-            target,
-        )
+        target, why = p.refusal()
+        _add(out.top_filter, Rule(KUBE_SERVICES, (*comment(why), *p.match(p.cluster_ip)), target))
 
 
 def _external_ip_lines(p: _Port, out: ServiceRender) -> None:
-    ext = p.ext_chain
-    target, comment = p.refusal()
+    target, why = p.refusal()
     for eip in p.sp.external_ips:
         if p.sel.has_any:
             _add(
                 out.top_nat,
-                KUBE_SERVICES,
-                *_comment(f"{p.name} external IP"),
-                *p.match(eip),
-                "-j",
-                ext,
+                Rule(
+                    KUBE_SERVICES, (*comment(f"{p.name} external IP"), *p.match(eip)), p.ext_chain
+                ),
             )
         if not p.has_external:
             _add(
-                out.top_filter,
-                KUBE_EXTERNAL_SERVICES,
-                "-m",
-                "comment",
-                "--comment",
-                comment,
-                *p.match(eip),
-                "-j",
-                target,
+                out.top_filter, Rule(KUBE_EXTERNAL_SERVICES, (*comment(why), *p.match(eip)), target)
             )
 
 
 def _load_balancer_lines(p: _Port, out: ServiceRender) -> None:
-    fw = p.fw_chain
     for lbip in p.sp.load_balancer_ips:
         if p.sel.has_any:
             _add(
                 out.top_nat,
-                KUBE_SERVICES,
-                *_comment(f"{p.name} loadbalancer IP"),
-                *p.match(lbip),
-                "-j",
-                p.lb_chain,
+                Rule(
+                    KUBE_SERVICES,
+                    (*comment(f"{p.name} loadbalancer IP"), *p.match(lbip)),
+                    p.lb_chain,
+                ),
             )
         if p.uses_firewall:
-            _add(
-                out.top_filter,
-                KUBE_PROXY_FIREWALL,
-                *_comment(f"{p.name} traffic not accepted by {fw}"),
-                *p.match(lbip),
-                "-j",
-                "DROP",
-            )
+            why = f"{p.name} traffic not accepted by {p.fw_chain}"
+            _add(out.top_filter, Rule(KUBE_PROXY_FIREWALL, (*comment(why), *p.match(lbip)), "DROP"))
     if not p.has_external:
-        target, comment = p.refusal()
+        target, why = p.refusal()
         for lbip in p.sp.load_balancer_ips:
             _add(
                 out.top_filter,
-                KUBE_EXTERNAL_SERVICES,
-                "-m",
-                "comment",
-                "--comment",
-                comment,
-                *p.match(lbip),
-                "-j",
-                target,
+                Rule(KUBE_EXTERNAL_SERVICES, (*comment(why), *p.match(lbip)), target),
             )
 
 
 def _node_port_lines(p: _Port, out: ServiceRender) -> None:
     if not p.sp.node_port:
         return
-    port = ("-m", p.proto, "-p", p.proto, "--dport", str(p.sp.node_port))
+    port = dport(p.proto, p.sp.node_port)
     if p.sel.has_any:
-        _add(
-            out.top_nat,
-            KUBE_NODEPORTS,
-            *_comment(p.name),
-            *port,
-            "-j",
-            p.ext_chain,
-        )
+        _add(out.top_nat, Rule(KUBE_NODEPORTS, (*comment(p.name), *port), p.ext_chain))
     if not p.has_external:
-        target, comment = p.refusal()
+        target, why = p.refusal()
         _add(
             out.top_filter,
-            KUBE_EXTERNAL_SERVICES,
-            "-m",
-            "comment",
-            "--comment",
-            comment,
-            "-m",
-            "addrtype",
-            "--dst-type",
-            "LOCAL",
-            *port,
-            "-j",
-            target,
+            Rule(KUBE_EXTERNAL_SERVICES, (*comment(why), *addrtype("--dst-type"), *port), target),
         )
 
 
@@ -366,146 +315,105 @@ def _health_check_lines(p: _Port, out: ServiceRender) -> None:
     if p.sp.health_check_node_port:
         _add(
             out.top_filter,
-            KUBE_NODEPORTS,
-            *_comment(f"{p.name} health check node port"),
-            "-m",
-            "tcp",
-            "-p",
-            "tcp",
-            "--dport",
-            str(p.sp.health_check_node_port),
-            "-j",
-            "ACCEPT",
+            Rule(
+                KUBE_NODEPORTS,
+                (
+                    *comment(f"{p.name} health check node port"),
+                    *dport("tcp", p.sp.health_check_node_port),
+                ),
+                "ACCEPT",
+            ),
         )
 
 
-def _external_chain(p: _Port, node: NodeFacts) -> list[str]:
+def _external_chain(p: _Port, node: NodeFacts) -> list[Rule]:
     """KUBE-EXT-*: masquerade (Cluster policy) or short-circuit pod and node traffic (Local
     policy), then on to the policy's chain."""
     chain = p.ext_chain
-    lines: dict[str, list[str]] = {}
+    out: list[Rule] = []
     if not p.sp.external_policy_local:
-        _add(
-            lines,
-            chain,
-            *_comment(f"masquerade traffic for {p.name} external destinations"),
-            "-j",
-            KUBE_MARK_MASQ,
-        )
+        why = f"masquerade traffic for {p.name} external destinations"
+        out.append(Rule(chain, comment(why), KUBE_MARK_MASQ))
     else:
         pod_match = if_local(node.local_cidrs)
         if pod_match is not None:
-            _add(
-                lines,
-                chain,
-                *_comment(f"pod traffic for {p.name} external destinations"),
-                *pod_match,
-                "-j",
-                p.svc_chain,
-            )
-        local = ("-m", "addrtype", "--src-type", "LOCAL")
-        _add(
-            lines,
-            chain,
-            *_comment(f"masquerade LOCAL traffic for {p.name} external destinations"),
-            *local,
-            "-j",
-            KUBE_MARK_MASQ,
-        )
-        _add(
-            lines,
-            chain,
-            *_comment(f"route LOCAL traffic for {p.name} external destinations"),
-            *local,
-            "-j",
-            p.svc_chain,
-        )
+            why = f"pod traffic for {p.name} external destinations"
+            out.append(Rule(chain, (*comment(why), *pod_match), p.svc_chain))
+        local = addrtype("--src-type")
+        why = f"masquerade LOCAL traffic for {p.name} external destinations"
+        out.append(Rule(chain, (*comment(why), *local), KUBE_MARK_MASQ))
+        why = f"route LOCAL traffic for {p.name} external destinations"
+        out.append(Rule(chain, (*comment(why), *local), p.svc_chain))
     if p.has_external:
-        _add(lines, chain, "-j", p.external_policy_chain)
-    return lines.get(chain, [])
+        out.append(Rule(chain, (), p.external_policy_chain))
+    return out
 
 
-def _firewall_chain(p: _Port, node: NodeFacts) -> list[str]:
+def _firewall_chain(p: _Port, node: NodeFacts) -> list[Rule]:
     """KUBE-FW-*: load-balancer traffic from the allowed source ranges goes on; the rest
     falls through to KUBE-PROXY-FIREWALL's DROP."""
     chain, ext = p.fw_chain, p.ext_chain
-    lines: dict[str, list[str]] = {}
-    base = _comment(f"{p.name} loadbalancer IP")
-    for cidr in p.sp.load_balancer_source_ranges:
-        _add(lines, chain, *base, "-s", str(cidr), "-j", ext)
+    base = comment(f"{p.name} loadbalancer IP")
+    out = [Rule(chain, (*base, Match("-s", str(c))), ext)
+           for c in p.sp.load_balancer_source_ranges]  # fmt: skip
     ranges = p.sp.load_balancer_source_ranges
     if node.node_ip is not None and any(node.node_ip in cidr for cidr in ranges):
-        for lbip in p.sp.load_balancer_ips:  # the node itself may reach its LB IPs
-            _add(lines, chain, *base, "-s", str(lbip), "-j", ext)
-    _add(
-        lines, chain, *_comment(f"other traffic to {p.name} will be dropped by KUBE-PROXY-FIREWALL")
-    )
-    return lines[chain]
+        # the node itself may reach its LB IPs
+        out += [Rule(chain, (*base, Match("-s", str(ip))), ext) for ip in p.sp.load_balancer_ips]
+    why = f"other traffic to {p.name} will be dropped by KUBE-PROXY-FIREWALL"
+    return [*out, Rule(chain, comment(why))]
 
 
 def _service_chain(
     p: _Port, chain: str, eps: tuple[Endpoint, ...], node: NodeFacts, cfg: IptablesConfig
-) -> list[str]:
+) -> list[Rule]:
     """KUBE-SVC-* / KUBE-SVL-*: masquerade off-cluster sources (internal chain only), the
     affinity checks, then one statistic rule per endpoint (writeServiceToEndpointRules)."""
-    lines: dict[str, list[str]] = {chain: []}
+    out: list[Rule] = []
     if chain == p.internal_chain and p.has_internal:
-        match = (*_comment(f"{p.name} cluster IP"), *p.match(p.cluster_ip))
+        match = (*comment(f"{p.name} cluster IP"), *p.match(p.cluster_ip))
         not_local = if_not_local(node.local_cidrs)
         if cfg.proxy.masquerade.all:
-            _add(lines, chain, *match, "-j", KUBE_MARK_MASQ)
+            out.append(Rule(chain, match, KUBE_MARK_MASQ))
         elif not_local is not None:
-            _add(lines, chain, *match, *not_local, "-j", KUBE_MARK_MASQ)
+            out.append(Rule(chain, (*match, *not_local), KUBE_MARK_MASQ))
     if p.sp.session_affinity_client_ip:
         for ep in eps:
             sep = p.sep_chains[ep]
-            comment = () if p.large else _comment(f"{p.name} -> {ep}")
-            _add(
-                lines,
-                chain,
-                *comment,
-                "-m",
-                "recent",
-                "--name",
-                sep,
-                "--rcheck",
-                "--seconds",
-                str(p.sp.sticky_max_age_seconds),
-                "--reap",
-                "-j",
-                sep,
+            recent = (
+                Module("recent"),
+                Match("--name", sep),
+                Match("--rcheck"),
+                Match("--seconds", str(p.sp.sticky_max_age_seconds)),
+                Match("--reap"),
             )
+            out.append(Rule(chain, (*_ep_comment(p, ep), *recent), sep))  # fmt: skip
     n = len(eps)
     for i, ep in enumerate(eps):
-        args: list[str] = [] if p.large else list(_comment(f"{p.name} -> {ep}"))
+        statistic: tuple[Part, ...] = ()
         if i < n - 1:
-            args += ["-m", "statistic", "--mode", "random", "--probability", _probability(n - i)]
-        _add(lines, chain, *args, "-j", p.sep_chains[ep])
-    return lines[chain]
+            statistic = (Module("statistic"), Match("--mode", "random"),
+                         Match("--probability", _probability(n - i)))  # fmt: skip
+        out.append(Rule(chain, (*_ep_comment(p, ep), *statistic), p.sep_chains[ep]))
+    return out
 
 
-def _endpoint_chain(p: _Port, ep: Endpoint) -> list[str]:
+def _ep_comment(p: _Port, ep: Endpoint) -> tuple[Part, ...]:
+    return () if p.large else comment(f"{p.name} -> {ep}")
+
+
+def _endpoint_chain(p: _Port, ep: Endpoint) -> list[Rule]:
     """KUBE-SEP-*: masquerade hairpin traffic, remember the client for affinity, DNAT."""
     chain = p.sep_chains[ep]
-    lines: dict[str, list[str]] = {}
-    comment = () if p.large else _comment(p.name)
-    _add(lines, chain, *comment, "-s", str(ep.ip), "-j", KUBE_MARK_MASQ)
-    affinity = ("-m", "recent", "--name", chain, "--set") if p.sp.session_affinity_client_ip else ()
-    _add(
-        lines,
-        chain,
-        *comment,
-        *affinity,
-        "-m",
-        p.proto,
-        "-p",
-        p.proto,
-        "-j",
-        "DNAT",
-        "--to-destination",
-        str(ep),
-    )
-    return lines[chain]
+    named = () if p.large else comment(p.name)
+    affinity: tuple[Part, ...] = ()
+    if p.sp.session_affinity_client_ip:
+        affinity = (Module("recent"), Match("--name", chain), Match("--set"))
+    return [
+        Rule(chain, (*named, Match("-s", str(ep.ip))), KUBE_MARK_MASQ),
+        Rule(chain, (*named, *affinity, Module(p.proto), Match("-p", p.proto)), "DNAT",
+             (("--to-destination", str(ep)),)),
+    ]  # fmt: skip
 
 
 def _probability(n: int) -> str:
@@ -531,16 +439,21 @@ def render_port(
         _health_check_lines,
     ):
         lines(p, out)
+
+    def own(kind: str, name: str, rules: list[Rule]) -> None:
+        out.chains[name] = rules
+        out.kinds[name] = kind
+
     if p.sel.has_any and sp.externally_accessible:
-        out.chains[p.ext_chain] = _external_chain(p, node)
+        own(names.EXT, p.ext_chain, _external_chain(p, node))
     if p.uses_firewall:
-        out.chains[p.fw_chain] = _firewall_chain(p, node)
+        own(names.FW, p.fw_chain, _firewall_chain(p, node))
     if p.sel.cluster and sp.uses_cluster_endpoints:
-        out.chains[p.svc_chain] = _service_chain(p, p.svc_chain, p.sel.cluster, node, cfg)
+        own(names.SVC, p.svc_chain, _service_chain(p, p.svc_chain, p.sel.cluster, node, cfg))
     if p.sel.local and sp.uses_local_endpoints:
-        out.chains[p.svl_chain] = _service_chain(p, p.svl_chain, p.sel.local, node, cfg)
+        own(names.SVL, p.svl_chain, _service_chain(p, p.svl_chain, p.sel.local, node, cfg))
     for ep in p.sel.all_reachable:
-        out.chains[p.sep_chains[ep]] = _endpoint_chain(p, ep)
+        own(names.SEP, p.sep_chains[ep], _endpoint_chain(p, ep))
     return out
 
 
@@ -557,39 +470,35 @@ def node_facts(state: ProxyState, cfg: IptablesConfig) -> NodeFacts:
     )
 
 
-def nodeports_tail(node: NodeFacts, cfg: IptablesConfig) -> list[str]:
+def nodeports_tail(node: NodeFacts, cfg: IptablesConfig) -> list[Rule]:
     """The jump from KUBE-SERVICES to KUBE-NODEPORTS, which must stay its last rule: for
     every local address, or one per chosen NodePort address."""
-    comment = '"kubernetes service nodeports; NOTE: this must be the last rule in this chain"'
-    head = f"-A {KUBE_SERVICES} -m comment --comment {comment}"
+    head = comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain")
     if node.nodeport_ips is None:
-        dest = "-m addrtype --dst-type LOCAL"
+        dest: tuple[Part, ...] = addrtype("--dst-type")
         if cfg.family is IPFamily.IPV6:
-            dest += " ! -d ::1/128"
+            dest += (Match("-d", "::1/128", negated=True),)
         elif not cfg.localhost_enabled:
-            dest += " ! -d 127.0.0.0/8"
-        return [f"{head} {dest} -j {KUBE_NODEPORTS}"]
+            dest += (Match("-d", "127.0.0.0/8", negated=True),)
+        return [Rule(KUBE_SERVICES, (*head, *dest), KUBE_NODEPORTS)]
     return [
-        f"{head} -d {ip} -j {KUBE_NODEPORTS}"
+        Rule(KUBE_SERVICES, (*head, Match("-d", str(ip))), KUBE_NODEPORTS)
         for ip in node.nodeport_ips
         if IPFamily.of(ip) is cfg.family and (not ip.is_loopback or cfg.localhost_enabled)
     ]
 
 
-def static_lines(
-    node: NodeFacts, cfg: IptablesConfig
-) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """(filter, nat) lines that do not depend on any service."""
-    filter_top: dict[str, list[str]] = {c: [] for c in FILTER_TOP}
-    nat_top: dict[str, list[str]] = {c: [] for c in NAT_TOP}
+def static_lines(node: NodeFacts, cfg: IptablesConfig) -> tuple[Chains, Chains]:
+    """(filter, nat) rules that do not depend on any service."""
+    filter_top: Chains = {c: [] for c in FILTER_TOP}
+    nat_top: Chains = {c: [] for c in NAT_TOP}
     nat_top[KUBE_POSTROUTING] = postrouting_rules(cfg.mark, cfg.random_fully)
     nat_top[KUBE_MARK_MASQ] = mark_masq_rules(cfg.mark)
     if cfg.localhost_enabled:
-        filter_top[KUBE_FIREWALL] = [
-            f'-A {KUBE_FIREWALL} -m comment --comment "block incoming localnet connections"'
-            " -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT"
-            " -j DROP"
-        ]
+        filter_top[KUBE_FIREWALL] = [Rule(KUBE_FIREWALL, (
+            *comment("block incoming localnet connections"), Match("-d", "127.0.0.0/8"),
+            Match("-s", "127.0.0.0/8", negated=True),
+            *ctstate("RELATED,ESTABLISHED,DNAT", negated=True)), "DROP")]  # fmt: skip
     filter_top[KUBE_FORWARD] = forward_rules(cfg.mark, cfg.conntrack_tcp_liberal)
     return filter_top, nat_top
 

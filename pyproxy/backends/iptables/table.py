@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from pyproxy.backends.engine.cache import Entry, ServiceCache, ServiceTable
 from pyproxy.backends.iptables import names
@@ -24,6 +25,7 @@ from pyproxy.backends.iptables.render import (
     KUBE_SERVICES,
     LARGE_CLUSTER_ENDPOINTS,
     NAT_TOP,
+    Chains,
     IptablesConfig,
     NodeFacts,
     ServiceRender,
@@ -32,6 +34,7 @@ from pyproxy.backends.iptables.render import (
     render_service,
     static_lines,
 )
+from pyproxy.backends.xtables.rule import Rule
 from pyproxy.backends.xtables.rules import KUBE_MARK_MASQ
 from pyproxy.model.types import Endpoint, NamespacedName, ProxyState, ServicePort
 
@@ -51,6 +54,16 @@ class Facts:
 
 
 ServiceEntry = Entry[ServiceRender]
+
+
+class Restore(NamedTuple):
+    """iptables-restore input and how many rules it writes per table (the metric
+    ``kubeproxy_sync_proxy_rules_iptables_last``), counted from the rules, not the text."""
+
+    text: str
+    written: Counter[str]
+
+
 Updates = Mapping[NamespacedName, ServiceEntry | None]
 
 
@@ -68,9 +81,9 @@ class Rendered(ServiceTable[ServiceRender]):
         self,
         cfg: IptablesConfig,
         facts: Facts,
-        static_filter: dict[str, list[str]],
-        static_nat: dict[str, list[str]],
-        tail: list[str],
+        static_filter: Chains,
+        static_nat: Chains,
+        tail: list[Rule],
         entries: Mapping[NamespacedName, ServiceEntry],
     ) -> None:
         self.cfg = cfg
@@ -110,8 +123,8 @@ class Rendered(ServiceTable[ServiceRender]):
     def _ordered(self) -> list[ServiceRender]:
         return [self.entries[svc].objects for svc in sorted(self.entries)]
 
-    def top(self, table: str) -> dict[str, list[str]]:
-        """Every top-level chain of ``table`` with its lines, in write order."""
+    def top(self, table: str) -> Chains:
+        """Every top-level chain of ``table`` with its rules, in write order."""
         chains = self.filter_chain_names() if table == "filter" else NAT_TOP
         static = self.static_filter if table == "filter" else self.static_nat
         out = {c: list(static.get(c, [])) for c in chains}
@@ -121,6 +134,13 @@ class Rendered(ServiceTable[ServiceRender]):
         if table == "nat":
             out[KUBE_SERVICES] += self.tail
         return out
+
+    def tables(self) -> dict[str, Chains]:
+        """table -> chain -> rules, every chain pyproxy writes (what ``trace`` walks)."""
+        nat = self.top("nat")
+        for r in self._ordered():
+            nat.update(r.chains)
+        return {"filter": self.top("filter"), "nat": nat}
 
     def text(self, delete_chains: Iterable[str] = ()) -> str:
         """iptables-restore input of a full sync in one transaction."""
@@ -132,12 +152,14 @@ class Rendered(ServiceTable[ServiceRender]):
         them; the last transaction writes the top-level chains that make them reachable and
         deletes stale chains. No rule ever jumps to a chain not yet written, so the kernel is
         consistent between any two of them."""
-        own = [(c, lines) for r in self._ordered() for c, lines in r.chains.items()]
+        services = self._ordered()
+        own = [(c, rules) for r in services for c, rules in r.chains.items()]
         if max_lines is None:
             return [self._last_batch(own, delete_chains)]
-        own.sort(key=lambda item: CHAIN_ORDER.index(item[0][: item[0].index("-", 5) + 1]))
+        kinds = {c: k for r in services for c, k in r.kinds.items()}
+        own.sort(key=lambda item: CHAIN_ORDER.index(kinds[item[0]]))
         out: list[str] = []
-        chunk: list[tuple[str, list[str]]] = []
+        chunk: list[tuple[str, list[Rule]]] = []
         size = 0
         # Endpoint and service chains jump to KUBE-MARK-MASQ: the first transaction writes it.
         mark_masq = [(KUBE_MARK_MASQ, self.static_nat.get(KUBE_MARK_MASQ, []))]
@@ -150,22 +172,22 @@ class Rendered(ServiceTable[ServiceRender]):
         out.append(self._last_batch(chunk, delete_chains))
         return out
 
-    def _last_batch(self, own: list[tuple[str, list[str]]], delete_chains: Iterable[str]) -> str:
+    def _last_batch(self, own: list[tuple[str, list[Rule]]], delete_chains: Iterable[str]) -> str:
         filt = self.top("filter")
         nat = self.top("nat")
         stale = sorted(set(delete_chains) - self.service_chains())
         lines = ["*filter", *(f":{c} - [0:0]" for c in filt)]
-        lines += [line for chain in filt.values() for line in chain] + ["COMMIT", "*nat"]
+        lines += [r.text for chain in filt.values() for r in chain] + ["COMMIT", "*nat"]
         lines += [f":{c} - [0:0]" for c in (*nat, *(c for c, _ in own), *stale)]
-        lines += [line for chain in nat.values() for line in chain]
-        lines += [line for _, rules in own for line in rules]
+        lines += [r.text for chain in nat.values() for r in chain]
+        lines += [r.text for _, rules in own for r in rules]
         lines += [f"-X {c}" for c in stale] + ["COMMIT"]
         return "\n".join(lines) + "\n"
 
 
-def _nat_text(chains: list[tuple[str, list[str]]]) -> str:
+def _nat_text(chains: list[tuple[str, list[Rule]]]) -> str:
     lines = ["*nat", *(f":{c} - [0:0]" for c, _ in chains)]
-    lines += [line for _, rules in chains for line in rules] + ["COMMIT"]
+    lines += [r.text for _, rules in chains for r in rules] + ["COMMIT"]
     return "\n".join(lines) + "\n"
 
 
@@ -197,10 +219,10 @@ def render(state: ProxyState, cfg: IptablesConfig) -> Rendered:
     return Renderer(cfg).render(state)
 
 
-def partial_text(programmed: Rendered, updates: Updates) -> str:
+def partial_restore(programmed: Rendered, updates: Updates) -> Restore:
     """iptables-restore input moving the kernel from ``programmed`` to it plus ``updates``:
-    the changed services' own chains, rewritten or deleted, and their lines in the top-level
-    chains deleted and inserted. Empty when there is nothing to write.
+    the changed services' own chains, rewritten or deleted, and their rules in the top-level
+    chains deleted and inserted. Its text is empty when there is nothing to write.
 
     Chains are emptied with ``-F`` and created with ``-N`` rather than declared
     (``:CHAIN - [0:0]``): iptables-nft-restore answers a declaration by reading every chain
@@ -208,6 +230,7 @@ def partial_text(programmed: Rendered, updates: Updates) -> str:
     cluster has (170 ms at 50,000 chains on this machine), one built on ``-F``/``-N`` what
     changed (28 ms; ``tests/bench/kernel_load.py``). It relies on ``programmed`` being what
     the kernel holds; when it is not, the restore fails and the next sync is a full one."""
+    written: Counter[str] = Counter()
     filter_cmds: list[str] = []
     nat_cmds: list[str] = []
     decls: list[str] = []
@@ -218,44 +241,50 @@ def partial_text(programmed: Rendered, updates: Updates) -> str:
         new = updates[svc]
         old_r = old.objects if old else ServiceRender()
         new_r = new.objects if new else ServiceRender()
-        filter_cmds += _top_delta(old_r.top_filter, new_r.top_filter)
-        nat_cmds += _top_delta(old_r.top_nat, new_r.top_nat)
-        for chain, lines in new_r.chains.items():
+        for cmds, table, before, after in (
+            (filter_cmds, "filter", old_r.top_filter, new_r.top_filter),
+            (nat_cmds, "nat", old_r.top_nat, new_r.top_nat),
+        ):
+            deleted, inserted = _top_delta(before, after)
+            cmds += [f"-D {r.chain} {r.spec}" for r in deleted]
+            cmds += [f"-I {r.chain} 1 {r.spec}" for r in inserted]
+            written[table] += len(inserted)
+        for chain, rules in new_r.chains.items():
             decls.append(f"-F {chain}" if chain in old_r.chains else f"-N {chain}")
-            own_rules += lines
+            own_rules += [r.text for r in rules]
+            written["nat"] += len(rules)
         for chain in old_r.chains:
             if chain not in new_r.chains:
                 decls.append(f"-F {chain}")
                 deletes.append(f"-X {chain}")
     if not (filter_cmds or nat_cmds or decls):
-        return ""
+        return Restore("", written)
     out = ["*filter", *filter_cmds, "COMMIT", "*nat", *decls, *nat_cmds, *own_rules, *deletes]
-    return "\n".join([*out, "COMMIT"]) + "\n"
+    return Restore("\n".join([*out, "COMMIT"]) + "\n", written)
 
 
-def _top_delta(old: Mapping[str, list[str]], new: Mapping[str, list[str]]) -> list[str]:
-    """``-D`` of one service's top-level lines that went away, ``-I ... 1`` of those that
-    are new (in reverse, so they keep their order at the head of the chain)."""
-    cmds: list[str] = []
+def _top_delta(
+    old: Mapping[str, list[Rule]], new: Mapping[str, list[Rule]]
+) -> tuple[list[Rule], list[Rule]]:
+    """One service's top-level rules that went away (to ``-D``) and those that are new (to
+    ``-I ... 1``, in reverse, so they keep their order at the head of the chain)."""
+    deleted: list[Rule] = []
+    inserted: list[Rule] = []
     for chain in dict.fromkeys((*old, *new)):
         before, after = old.get(chain, []), new.get(chain, [])
         if before == after:
             continue
-        gone = Counter(before) - Counter(after)
-        added = Counter(after) - Counter(before)
-        cmds += [f"-D {line[3:]}" for line in _take(before, gone)]
-        cmds += [
-            f"-I {chain} 1 {line[3 + len(chain) + 1 :]}" for line in reversed(_take(after, added))
-        ]
-    return cmds
+        deleted += _take(before, Counter(before) - Counter(after))
+        inserted += reversed(_take(after, Counter(after) - Counter(before)))
+    return deleted, inserted
 
 
-def _take(lines: list[str], wanted: Counter[str]) -> list[str]:
-    """The first ``wanted[line]`` occurrences of each line, in order."""
+def _take(rules: list[Rule], wanted: Counter[Rule]) -> list[Rule]:
+    """The first ``wanted[rule]`` occurrences of each rule, in order."""
     left = Counter(wanted)
     out = []
-    for line in lines:
-        if left[line] > 0:
-            left[line] -= 1
-            out.append(line)
+    for rule in rules:
+        if left[rule] > 0:
+            left[rule] -= 1
+            out.append(rule)
     return out

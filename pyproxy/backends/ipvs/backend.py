@@ -42,6 +42,7 @@ from pyproxy.backends.ipvs.render import (
     IpvsConfig,
     VSKey,
     family_sets,
+    iptables_text,
     set_name,
 )
 from pyproxy.backends.ipvs.table import IpvsCache, IpvsTable, Updates, render
@@ -144,7 +145,7 @@ class IpvsFamily:
             try:
                 for name, stype in self.types.items():  # the rules reference them
                     sets.ensure(name, stype, kipvs.socket_family(self.family is IPFamily.IPV6))
-                self._backend.restore(self, desired.iptables)
+                self._backend.restore(self, iptables_text(desired.iptables))
                 addrs = {a for a in k.dummy_addresses(DUMMY) or ()
                          if _family_of(a) is self.family}  # fmt: skip
                 ours = addrs | {str(ip) for ip in new.node.local_addresses}
@@ -264,7 +265,7 @@ class IpvsBackend(Backend):
                 + f"\n# {DUMMY} addresses: {' '.join(sorted(d.addresses))}\n"
                 + sets
                 + f"\n\n# {tool}-restore input (--noflush)\n"
-                + d.iptables
+                + iptables_text(d.iptables)
             )
         return "\n".join(parts)
 
@@ -315,7 +316,8 @@ class IpvsBackend(Backend):
         ipsets = [kipvs.ipset_create_argv(n, t, n.startswith("KUBE-6-")) for n, t in types.items()]
         out: list[Difference] = []
         for family, d in per_family.items():
-            out += xtables_compare(ipt[family], d.iptables, JUMPS, canary=False, prepare=ipsets)
+            text = iptables_text(d.iptables)
+            out += xtables_compare(ipt[family], text, JUMPS, canary=False, prepare=ipsets)
         sets, ipvs = self.kernel.ipsets(), self.kernel.ipvs()
         try:
             members = {name: sets.members(name, stype) for name, stype in types.items()}

@@ -10,10 +10,19 @@ IPVS persistence with the service's timeout, as upstream.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from pyproxy.backends.xtables.rule import (
+    Match,
+    Part,
+    Rule,
+    addrtype,
+    by_chain,
+    comment,
+    ctstate,
+    match_set,
+)
 from pyproxy.backends.xtables.rules import (
     KUBE_FORWARD,
     KUBE_MARK_MASQ,
@@ -144,7 +153,7 @@ class Desired:
     services: dict[VSKey, VirtualServer] = field(default_factory=dict)
     addresses: set[str] = field(default_factory=set)
     ipsets: dict[str, set[Entry]] = field(default_factory=lambda: {n: set() for n in SETS})
-    iptables: str = ""
+    iptables: IptablesRules = field(default_factory=dict)
     no_local_internal: int = 0
     no_local_external: int = 0
 
@@ -180,16 +189,26 @@ def _dests(eps: Iterable[Endpoint]) -> dict[DestKey, int]:
     return {(str(e.ip), e.port): 1 for e in eps}
 
 
-def iptables_text(node: NodeInfo, cfg: IpvsConfig) -> str:
+IptablesRules = dict[str, list[Rule]]
+"""table -> the few iptables rules of IPVS mode, in write order."""
+
+
+def iptables_rules(node: NodeInfo, cfg: IpvsConfig) -> IptablesRules:
     """The few iptables rules of IPVS mode; they depend on the node, never on a service."""
     local = cfg.proxy.local_cidrs(node, cfg.family)
-    return re.sub(
-        r"--match-set (KUBE-[A-Z0-9-]+)",
-        lambda m: "--match-set " + set_name(m.group(1), cfg.family),
-        restore_text(
-            [("filter", FILTER_CHAINS, _filter(cfg)), ("nat", NAT_CHAINS, _nat(cfg, local))]
-        ),
-    )
+    return {"filter": _filter(cfg), "nat": _nat(cfg, local)}
+
+
+CHAINS = {"filter": FILTER_CHAINS, "nat": NAT_CHAINS}
+
+
+def iptables_text(rules: IptablesRules) -> str:
+    return restore_text([(t, CHAINS[t], r) for t, r in rules.items()])
+
+
+def iptables_chains(rules: IptablesRules) -> dict[str, dict[str, list[Rule]]]:
+    """table -> chain -> rules (what ``trace`` walks)."""
+    return {t: by_chain(r, CHAINS[t]) for t, r in rules.items()}
 
 
 def render_service(
@@ -287,72 +306,75 @@ def _port_sets(
         sets["KUBE-HEALTH-CHECK-NODE-PORT"].add((svc.health_check_node_port,))
 
 
-def _nat(cfg: IpvsConfig, local_cidrs: tuple[IPNetwork, ...]) -> list[str]:
+def _nat(cfg: IpvsConfig, local_cidrs: tuple[IPNetwork, ...]) -> list[Rule]:
+    def in_set(name: str, flags: str = "dst,dst") -> tuple[Part, ...]:
+        return match_set(set_name(name, cfg.family), flags)
+
     not_local = if_not_local(local_cidrs)
-    masq_src = [] if cfg.proxy.masquerade.all or not_local is None else not_local
+    masq_src = () if cfg.proxy.masquerade.all or not_local is None else not_local
+    svc, lb, np = "KUBE-SERVICES", "KUBE-LOAD-BALANCER", "KUBE-NODE-PORT"
     nat = [
-        '-A KUBE-POSTROUTING -m comment --comment "Kubernetes endpoints dst ip:port, source ip '
-        'for solving hairpin purpose" -m set --match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE',
+        Rule(KUBE_POSTROUTING, (
+            *comment("Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose"),
+            *in_set("KUBE-LOOP-BACK", "dst,dst,src")), "MASQUERADE"),
         *postrouting_rules(cfg.mark, cfg.random_fully),
         *mark_masq_rules(cfg.mark),
-        '-A KUBE-SERVICES -m comment --comment "Kubernetes service lb portal" '
-        "-m set --match-set KUBE-LOAD-BALANCER dst,dst -j KUBE-LOAD-BALANCER",
-        '-A KUBE-SERVICES -m comment --comment "Kubernetes service cluster ip + port for '
-        'masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst '
-        + " ".join([*masq_src, "-j", "KUBE-MARK-MASQ"]),
-        '-A KUBE-SERVICES -m comment --comment "Kubernetes service external ip + port for '
-        'masquerade and filter purpose" -m set --match-set KUBE-EXTERNAL-IP dst,dst '
-        "-j KUBE-MARK-MASQ",
-        '-A KUBE-SERVICES -m comment --comment "Kubernetes service external ip + port with '
-        'externalTrafficPolicy=local" -m set --match-set KUBE-EXTERNAL-IP-LOCAL dst,dst '
-        "-m addrtype --src-type LOCAL -j KUBE-MARK-MASQ",
-        "-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT",
-        "-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT",
-        "-A KUBE-SERVICES -m set --match-set KUBE-LOAD-BALANCER dst,dst -j ACCEPT",
-        '-A KUBE-LOAD-BALANCER -m comment --comment "Kubernetes service load balancer ip + port '
-        'with externalTrafficPolicy=local" -m set --match-set KUBE-LOAD-BALANCER-LOCAL dst,dst '
-        "-j RETURN",
-        "-A KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ",
-    ]
+        Rule(svc, (*comment("Kubernetes service lb portal"), *in_set(lb)), lb),
+        Rule(svc, (*comment("Kubernetes service cluster ip + port for masquerade purpose"),
+                   *in_set("KUBE-CLUSTER-IP"), *masq_src), KUBE_MARK_MASQ),
+        Rule(svc, (*comment("Kubernetes service external ip + port for masquerade and filter "
+                            "purpose"), *in_set("KUBE-EXTERNAL-IP")), KUBE_MARK_MASQ),
+        Rule(svc, (*comment("Kubernetes service external ip + port with "
+                            "externalTrafficPolicy=local"),
+                   *in_set("KUBE-EXTERNAL-IP-LOCAL"), *addrtype("--src-type")), KUBE_MARK_MASQ),
+        Rule(svc, addrtype("--dst-type"), np),
+        Rule(svc, in_set("KUBE-CLUSTER-IP"), "ACCEPT"),
+        Rule(svc, in_set(lb), "ACCEPT"),
+        Rule(lb, (*comment("Kubernetes service load balancer ip + port with "
+                           "externalTrafficPolicy=local"), *in_set("KUBE-LOAD-BALANCER-LOCAL")),
+             "RETURN"),
+        Rule(lb, (), KUBE_MARK_MASQ),
+    ]  # fmt: skip
     for proto in ("TCP", "UDP"):
-        p = proto.lower()
+        p = (Match("-p", proto.lower()),)
         nat += [
-            f'-A KUBE-NODE-PORT -p {p} -m comment --comment "Kubernetes nodeport {proto} port '
-            f'with externalTrafficPolicy=local" -m set --match-set KUBE-NODE-PORT-LOCAL-{proto} '
-            "dst -j RETURN",
-            f'-A KUBE-NODE-PORT -p {p} -m comment --comment "Kubernetes nodeport {proto} port '
-            f'for masquerade purpose" -m set --match-set KUBE-NODE-PORT-{proto} dst '
-            "-j KUBE-MARK-MASQ",
-        ]
+            Rule(np, (*p, *comment(f"Kubernetes nodeport {proto} port with "
+                                   "externalTrafficPolicy=local"),
+                      *in_set(f"KUBE-NODE-PORT-LOCAL-{proto}", "dst")), "RETURN"),
+            Rule(np, (*p, *comment(f"Kubernetes nodeport {proto} port for masquerade purpose"),
+                      *in_set(f"KUBE-NODE-PORT-{proto}", "dst")), KUBE_MARK_MASQ),
+        ]  # fmt: skip
+    sctp = (Match("-p", "sctp"),)
     return [
         *nat,
-        '-A KUBE-NODE-PORT -p sctp -m comment --comment "Kubernetes nodeport SCTP port with '
-        'externalTrafficPolicy=local" -m set --match-set KUBE-NODE-PORT-LOCAL-SCTP-HASH dst,dst '
-        "-j RETURN",
-        '-A KUBE-NODE-PORT -p sctp -m comment --comment "Kubernetes nodeport SCTP port for '
-        'masquerade purpose" -m set --match-set KUBE-NODE-PORT-SCTP-HASH dst,dst '
-        "-j KUBE-MARK-MASQ",
-    ]
+        Rule(np, (*sctp, *comment("Kubernetes nodeport SCTP port with "
+                                  "externalTrafficPolicy=local"),
+                  *in_set("KUBE-NODE-PORT-LOCAL-SCTP-HASH")), "RETURN"),
+        Rule(np, (*sctp, *comment("Kubernetes nodeport SCTP port for masquerade purpose"),
+                  *in_set("KUBE-NODE-PORT-SCTP-HASH")), KUBE_MARK_MASQ),
+    ]  # fmt: skip
 
 
-def _filter(cfg: IpvsConfig) -> list[str]:
+def _filter(cfg: IpvsConfig) -> list[Rule]:
+    def in_set(name: str, flags: str = "dst,dst") -> tuple[Part, ...]:
+        return match_set(set_name(name, cfg.family), flags)
+
+    ranges, ipvs = "KUBE-SOURCE-RANGES-FIREWALL", "KUBE-IPVS-FILTER"
     return [
         *forward_rules(cfg.mark, cfg.conntrack_tcp_liberal),
-        '-A KUBE-NODE-PORT -m comment --comment "Kubernetes health check node port" '
-        "-m set --match-set KUBE-HEALTH-CHECK-NODE-PORT dst -j ACCEPT",
-        '-A KUBE-PROXY-FIREWALL -m comment --comment "Kubernetes service load balancer ip + '
-        'port for load balancer with sourceRange" -m set --match-set KUBE-LOAD-BALANCER-FW '
-        "dst,dst -j KUBE-SOURCE-RANGES-FIREWALL",
-        '-A KUBE-SOURCE-RANGES-FIREWALL -m comment --comment "Kubernetes service load balancer '
-        'source ranges" -m set --match-set KUBE-LOAD-BALANCER-SOURCE-CIDR dst,dst,src -j RETURN',
-        "-A KUBE-SOURCE-RANGES-FIREWALL -j DROP",
-        "-A KUBE-IPVS-FILTER -m set --match-set KUBE-LOAD-BALANCER dst,dst -j RETURN",
-        "-A KUBE-IPVS-FILTER -m set --match-set KUBE-CLUSTER-IP dst,dst -j RETURN",
-        "-A KUBE-IPVS-FILTER -m set --match-set KUBE-EXTERNAL-IP dst,dst -j RETURN",
-        "-A KUBE-IPVS-FILTER -m set --match-set KUBE-EXTERNAL-IP-LOCAL dst,dst -j RETURN",
-        "-A KUBE-IPVS-FILTER -m set --match-set KUBE-HEALTH-CHECK-NODE-PORT dst -j RETURN",
+        Rule("KUBE-NODE-PORT", (*comment("Kubernetes health check node port"),
+                                *in_set("KUBE-HEALTH-CHECK-NODE-PORT", "dst")), "ACCEPT"),
+        Rule("KUBE-PROXY-FIREWALL", (
+            *comment("Kubernetes service load balancer ip + port for load balancer with "
+                     "sourceRange"), *in_set("KUBE-LOAD-BALANCER-FW")), ranges),
+        Rule(ranges, (*comment("Kubernetes service load balancer source ranges"),
+                      *in_set("KUBE-LOAD-BALANCER-SOURCE-CIDR", "dst,dst,src")), "RETURN"),
+        Rule(ranges, (), "DROP"),
+        *(Rule(ipvs, in_set(n), "RETURN") for n in (
+            "KUBE-LOAD-BALANCER", "KUBE-CLUSTER-IP", "KUBE-EXTERNAL-IP",
+            "KUBE-EXTERNAL-IP-LOCAL")),
+        Rule(ipvs, in_set("KUBE-HEALTH-CHECK-NODE-PORT", "dst"), "RETURN"),
         # Nothing else on a service address: not the host's own services through it
         # (upstream's rule for kubernetes#72236).
-        "-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst "
-        "-j REJECT",
-    ]
+        Rule(ipvs, (*ctstate("NEW"), *in_set("KUBE-IPVS-IPS", "dst")), "REJECT"),
+    ]  # fmt: skip

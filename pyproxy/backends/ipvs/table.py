@@ -28,7 +28,7 @@ from pyproxy.backends.ipvs.render import (
     VirtualServer,
     VSKey,
     family_sets,
-    iptables_text,
+    iptables_rules,
     nodeport_ips,
     render_service,
 )
@@ -98,7 +98,7 @@ class IpvsTable(ServiceTable[Desired]):
         }
         super().__init__(facts, entries)
         self.facts: Facts = facts
-        self.iptables = iptables_text(facts.node, cfg)
+        self.iptables = iptables_rules(facts.node, cfg)
         """The few iptables rules of IPVS mode (they depend on the node only)."""
         self.real_servers = sum(len(self._winner(k).dests) for k in self.owners)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from pyproxy.backends.ipvs.render import PROTO_NAME, PROTO_NUM, Desired
+from pyproxy.backends.ipvs.render import PROTO_NAME, PROTO_NUM, Desired, iptables_chains
 from pyproxy.backends.trace import AFFINITY_NOTE, DNAT, REJECT, Flow, Outcome, Packet
 from pyproxy.backends.xtables.rules import JumpRule
 from pyproxy.backends.xtables.walk import Walker
@@ -23,7 +23,8 @@ class IpvsWalk:
         self.d = desired
         self.types = family_set_types
         on_dummy = (ipaddress.ip_address(a) for a in desired.addresses)
-        self.walker = Walker(desired.iptables, jumps, (*local, *on_dummy), mark, self.in_set)
+        tables = iptables_chains(desired.iptables)
+        self.walker = Walker(tables, jumps, (*local, *on_dummy), mark, self.in_set)
 
     def in_set(self, name: str, flags: str, packet: Packet, flow: Flow) -> bool:
         """ipset membership as the kernel decides it for ``-m set --match-set NAME FLAGS``."""

@@ -42,6 +42,7 @@ from pyproxy.backends.userspace.table import (
     render_rules,
 )
 from pyproxy.backends.xtables.compare import compare as xtables_compare
+from pyproxy.backends.xtables.rule import addrtype
 from pyproxy.backends.xtables.rules import NEW, JumpRule
 from pyproxy.backends.xtables.tables import cleanup_everywhere, ensure_jumps, open_tables
 from pyproxy.backends.xtables.walk import Walker
@@ -51,7 +52,7 @@ from pyproxy.model.types import IPFamily, NamespacedName, Protocol, ProxyState
 
 log = logging.getLogger(__name__)
 
-LOCAL = ("-m", "addrtype", "--dst-type", "LOCAL")
+LOCAL = addrtype("--dst-type")
 PORTALS = "handle ClusterIPs; NOTE: this must be before the NodePort rules"
 NODEPORTS = "handle service NodePorts; NOTE: this must be the last rule in the chain"
 # Each is prepended in turn, so within a chain the last listed ends up first.
@@ -172,7 +173,7 @@ class UserspaceBackend(Backend):
         def make() -> tuple[Walker, dict[str, PortSpec]]:
             local = state.node.local_addresses
             table = UserspaceCache().render(state)
-            return (Walker(table.text(None), JUMPS, local, "0x0"),
+            return (Walker(table.chains(None), JUMPS, local, "0x0"),
                     {listener(key): spec for key, spec in table.specs().items()})  # fmt: skip
 
         walker, wanted = self.walker(state, IPFamily.IPV4, make)

@@ -7,10 +7,12 @@ the writer fills in the port the relay got. Pure: nothing here touches the kerne
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pyproxy.backends.engine.cache import Entry, ServiceCache, ServiceTable
 from pyproxy.backends.relay import PortSpec
+from pyproxy.backends.xtables.rule import Rule, addrtype, by_chain, comment, dport
+from pyproxy.backends.xtables.rules import restore_text
 from pyproxy.model.selection import categorize_endpoints
 from pyproxy.model.types import (
     Endpoint,
@@ -46,9 +48,9 @@ class PortRules:
 
     key: str
     spec: PortSpec | None
-    redirect: tuple[str, ...]
+    redirect: tuple[Rule, ...]
     """nat rules to the listener (its port as ``listener(key)``)."""
-    reject: tuple[str, ...]
+    reject: tuple[Rule, ...]
     """filter rules refusing the port's traffic, used when nothing listens for it."""
 
 
@@ -75,28 +77,25 @@ def render_port(sp: ServicePort, eps: tuple[Endpoint, ...], node: NodeInfo) -> P
             sp.sticky_max_age_seconds if sp.session_affinity_client_ip else 0,
             name,
         )
-    reject = [
-        f'-A KUBE-SERVICES -m comment --comment "{name} has no endpoints" '
-        f"-m {proto} -p {proto} -d {addr} --dport {sp.port} -j REJECT"
-        for addr in addrs
-    ]
+    why = comment(f"{name} has no endpoints")
+    reject = [Rule("KUBE-SERVICES", (*why, *dport(proto, sp.port, a)), "REJECT") for a in addrs]
     if sp.node_port:
         reject.append(
-            f'-A KUBE-EXTERNAL-SERVICES -m comment --comment "{name} has no '
-            f'endpoints" -m addrtype --dst-type LOCAL -m {proto} -p {proto} '
-            f"--dport {sp.node_port} -j REJECT"
+            Rule(
+                "KUBE-EXTERNAL-SERVICES",
+                (*why, *addrtype("--dst-type"), *dport(proto, sp.node_port)),
+                "REJECT",
+            )
         )
-    to = listener(key)
+    to = (("--to-ports", listener(key)),)
     redirect = [
-        f'-A {chain} -m comment --comment "{name}" -m {proto} -p {proto} '
-        f"-d {addr} --dport {sp.port} -j REDIRECT --to-ports {to}"
+        Rule(chain, (*comment(name), *dport(proto, sp.port, a)), "REDIRECT", to)
         for chain in ("KUBE-PORTALS-CONTAINER", "KUBE-PORTALS-HOST")
-        for addr in addrs
+        for a in addrs
     ]
     if sp.node_port:
         redirect += [
-            f'-A {chain} -m comment --comment "{name}" -m {proto} -p {proto} '
-            f"--dport {sp.node_port} -j REDIRECT --to-ports {to}"
+            Rule(chain, (*comment(name), *dport(proto, sp.node_port)), "REDIRECT", to)
             for chain in ("KUBE-NODEPORT-CONTAINER", "KUBE-NODEPORT-HOST")
         ]
     return PortRules(key, spec, tuple(redirect), tuple(reject))
@@ -116,20 +115,32 @@ class UserspaceTable(ServiceTable[ServiceRules]):
         return {p.key: p.spec for e in self.entries.values() for p in e.objects.ports
                 if p.spec is not None}  # fmt: skip
 
-    def text(self, ports: Mapping[str, int] | None) -> str:
-        """iptables-restore input for the whole table; ``ports`` maps listener keys to the
-        relay's ports (None: every listener named, as ``render`` prints it)."""
-        nat = ["*nat", *(f":{c} - [0:0]" for c in NAT_CHAINS)]
-        filt = ["*filter", *(f":{c} - [0:0]" for c in FILTER_CHAINS)]
+    def rules(self, ports: Mapping[str, int] | None) -> dict[str, list[Rule]]:
+        """table -> its rules in write order; ``ports`` maps listener keys to the relay's
+        ports (None: every listener named, as ``render`` prints it)."""
+        out: dict[str, list[Rule]] = {"filter": [], "nat": []}
         for svc in sorted(self.entries):
             for p in self.entries[svc].objects.ports:
                 if p.spec is None or (ports is not None and p.key not in ports):
-                    filt += p.reject
+                    out["filter"] += p.reject
                 elif ports is None:
-                    nat += p.redirect
+                    out["nat"] += p.redirect
                 else:
-                    nat += [r.replace(listener(p.key), str(ports[p.key])) for r in p.redirect]
-        return "\n".join([*filt, "COMMIT", *nat, "COMMIT"]) + "\n"
+                    to = (("--to-ports", str(ports[p.key])),)
+                    out["nat"] += [replace(r, target_args=to) for r in p.redirect]
+        return out
+
+    def chains(self, ports: Mapping[str, int] | None) -> dict[str, dict[str, list[Rule]]]:
+        """table -> chain -> rules (what ``trace`` walks)."""
+        rules = self.rules(ports)
+        return {"filter": by_chain(rules["filter"], FILTER_CHAINS),
+                "nat": by_chain(rules["nat"], NAT_CHAINS)}  # fmt: skip
+
+    def text(self, ports: Mapping[str, int] | None) -> str:
+        """iptables-restore input for the whole table (``ports`` as for ``rules``)."""
+        rules = self.rules(ports)
+        return restore_text([("filter", FILTER_CHAINS, rules["filter"]),
+                             ("nat", NAT_CHAINS, rules["nat"])])  # fmt: skip
 
     def with_updates(
         self, updates: Mapping[NamespacedName, Entry[ServiceRules] | None]

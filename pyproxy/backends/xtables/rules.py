@@ -1,10 +1,18 @@
-"""Rule text shared by every mode that writes iptables rules; pure (no kernel)."""
+"""Rules shared by every mode that writes iptables rules; pure (no kernel)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pyproxy.backends.xtables.rule import (
+    Match,
+    Part,
+    Rule,
+    comment,
+    ctstate,
+    mark,
+)
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.types import IPFamily, IPNetwork
 
@@ -13,7 +21,7 @@ KUBE_POSTROUTING = "KUBE-POSTROUTING"
 KUBE_FORWARD = "KUBE-FORWARD"
 KUBE_PROXY_CANARY = "KUBE-PROXY-CANARY"
 CANARY_TABLES = ("mangle", "nat", "filter")
-NEW = ("-m", "conntrack", "--ctstate", "NEW")
+NEW = ctstate("NEW")
 
 
 @dataclass(frozen=True)
@@ -42,64 +50,60 @@ class JumpRule:
     chain: str
     target: str
     comment: str = ""
-    match: tuple[str, ...] = ()
+    match: tuple[Part, ...] = ()
+
+    def rule(self) -> Rule:
+        return Rule(self.chain, (*self.match, *(comment(self.comment) if self.comment else ())),
+                    self.target)  # fmt: skip
 
     def args(self) -> list[str]:
-        comment = ["-m", "comment", "--comment", self.comment] if self.comment else []
-        return [*self.match, *comment, "-j", self.target]
+        """The argument vector after the chain (``iptables -I CHAIN 1 ARGS``)."""
+        return self.rule().argv()
 
 
-def quote(text: str) -> str:
-    """Quote a comment as upstream does: only when it contains a space."""
-    return f'"{text}"' if " " in text else text
+def mark_masq_rules(mark_bit: str) -> list[Rule]:
+    return [Rule(KUBE_MARK_MASQ, (), "MARK", (("--or-mark", mark_bit),))]
 
 
-def mark_masq_rules(mark: str) -> list[str]:
-    return [f"-A {KUBE_MARK_MASQ} -j MARK --or-mark {mark}"]
-
-
-def postrouting_rules(mark: str, random_fully: bool) -> list[str]:
+def postrouting_rules(mark_bit: str, random_fully: bool) -> list[Rule]:
     """Masquerade what KUBE-MARK-MASQ marked, clearing the mark first (upstream's layout)."""
     return [
-        f"-A {KUBE_POSTROUTING} -m mark ! --mark {mark}/{mark} -j RETURN",
-        f"-A {KUBE_POSTROUTING} -j MARK --xor-mark {mark}",
-        f'-A {KUBE_POSTROUTING} -m comment --comment "kubernetes service traffic requiring SNAT"'
-        " -j MASQUERADE" + (" --random-fully" if random_fully else ""),
-    ]
+        Rule(KUBE_POSTROUTING, mark(f"{mark_bit}/{mark_bit}", negated=True), "RETURN"),
+        Rule(KUBE_POSTROUTING, (), "MARK", (("--xor-mark", mark_bit),)),
+        Rule(KUBE_POSTROUTING, comment("kubernetes service traffic requiring SNAT"),
+             "MASQUERADE", (("--random-fully", ""),) if random_fully else ()),
+    ]  # fmt: skip
 
 
-def forward_rules(mark: str, conntrack_tcp_liberal: bool) -> list[str]:
-    out = (
-        []
-        if conntrack_tcp_liberal
-        else [f"-A {KUBE_FORWARD} -m conntrack --ctstate INVALID -j DROP"]
-    )
+def forward_rules(mark_bit: str, conntrack_tcp_liberal: bool) -> list[Rule]:
+    out = [] if conntrack_tcp_liberal else [Rule(KUBE_FORWARD, ctstate("INVALID"), "DROP")]
     return [
         *out,
-        f'-A {KUBE_FORWARD} -m comment --comment "kubernetes forwarding rules"'
-        f" -m mark --mark {mark}/{mark} -j ACCEPT",
-        f'-A {KUBE_FORWARD} -m comment --comment "kubernetes forwarding conntrack rule"'
-        " -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
-    ]
+        Rule(KUBE_FORWARD, (*comment("kubernetes forwarding rules"),
+                            *mark(f"{mark_bit}/{mark_bit}")), "ACCEPT"),
+        Rule(KUBE_FORWARD, (*comment("kubernetes forwarding conntrack rule"),
+                            *ctstate("RELATED,ESTABLISHED")), "ACCEPT"),
+    ]  # fmt: skip
 
 
-def if_not_local(local_cidrs: Sequence[IPNetwork]) -> list[str] | None:
+def if_not_local(local_cidrs: Sequence[IPNetwork]) -> tuple[Part, ...] | None:
     """The match for traffic not from this cluster's pods, or None when no local CIDR is
     known (upstream's LocalTrafficDetector.IfNotLocal / IsImplemented)."""
     if not local_cidrs:
         return None
-    return ["!", "-s", str(local_cidrs[0])]
+    return (Match("-s", str(local_cidrs[0]), negated=True),)
 
 
-def if_local(local_cidrs: Sequence[IPNetwork]) -> list[str] | None:
+def if_local(local_cidrs: Sequence[IPNetwork]) -> tuple[Part, ...] | None:
     if not local_cidrs:
         return None
-    return ["-s", str(local_cidrs[0])]
+    return (Match("-s", str(local_cidrs[0])),)
 
 
-def restore_text(tables: Sequence[tuple[str, Sequence[str], Sequence[str]]]) -> str:
-    """iptables-restore input: per table, chain declarations then lines."""
+def restore_text(tables: Sequence[tuple[str, Sequence[str], Sequence[Rule]]]) -> str:
+    """iptables-restore input: per table, chain declarations then rules."""
     out: list[str] = []
-    for table, chains, lines in tables:
-        out += [f"*{table}", *(f":{c} - [0:0]" for c in chains), *lines, "COMMIT"]
+    for table, chains, rules in tables:
+        out += [f"*{table}", *(f":{c} - [0:0]" for c in chains), *(r.text for r in rules)]
+        out.append("COMMIT")
     return "\n".join(out) + "\n"

@@ -1,5 +1,5 @@
 """``pyproxy trace`` for the modes that write iptables rules: follow the first packet of a
-connection through the rendered restore text, from the built-in chains' jumps into pyproxy's
+connection through the rendered rules, from the built-in chains' jumps into pyproxy's
 chains, hook by hook as netfilter runs them (nat PREROUTING or OUTPUT, then filter INPUT,
 FORWARD or OUTPUT, then nat POSTROUTING). Pure: it reads the render, never the kernel.
 
@@ -10,9 +10,7 @@ a rule the walk cannot read is never silently taken for one that does not match.
 from __future__ import annotations
 
 import ipaddress
-import shlex
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from pyproxy.backends.trace import (
     AFFINITY_NOTE,
@@ -26,91 +24,20 @@ from pyproxy.backends.trace import (
     TraceError,
     outcome,
 )
-from pyproxy.backends.xtables.rules import JumpRule, quote
+from pyproxy.backends.xtables.rule import Rule
+from pyproxy.backends.xtables.rules import JumpRule
 from pyproxy.model.types import IPAddress
 
 LocalIn = Callable[[Packet, Flow], list[Flow]]
 SetLookup = Callable[[str, str, Packet, Flow], bool]
 """``-m set --match-set NAME FLAGS``: is the packet (as ``flow`` has changed it) in the set?"""
 
-# Options that only name a match module or carry a target's argument the walk needs no value of.
-_FLAGS = frozenset({"--random-fully", "--reap", "--rcheck", "--set", "--random"})
-_VALUED = frozenset({
-    "-s", "-d", "-p", "--dport", "--dst-type", "--src-type", "--comment", "--ctstate", "--mark",
-    "--mode", "--probability", "--name", "--seconds", "--to-destination", "--or-mark",
-    "--xor-mark", "--to-ports", "--reject-with",
-})  # fmt: skip
+Tables = Mapping[str, Mapping[str, Sequence[Rule]]]
+"""table -> chain -> its rules, in order: what a mode renders."""
 
-
-@dataclass(frozen=True)
-class Rule:
-    table: str
-    chain: str
-    text: str
-    matches: tuple[tuple[bool, str, str], ...]
-    """(negated, option, value) in order."""
-    target: str
-    target_args: Mapping[str, str]
-    goto: bool = False
-
-
-def parse_rule(table: str, line: str) -> Rule:
-    """One ``-A CHAIN ...`` line (iptables-save syntax)."""
-    words = shlex.split(line)
-    if len(words) < 2 or words[0] != "-A":
-        raise TraceError(f"not a rule: {line}")
-    chain, i = words[1], 2
-    matches: list[tuple[bool, str, str]] = []
-    target, goto = "", False
-    args: dict[str, str] = {}
-    negate = False
-    while i < len(words):
-        w = words[i]
-        if w == "!":
-            negate, i = True, i + 1
-            continue
-        if w == "-m":
-            i += 2
-            continue
-        if w in ("-j", "-g"):
-            target, goto, i = words[i + 1], w == "-g", i + 2
-            continue
-        if w == "--match-set":
-            matches.append((negate, w, f"{words[i + 1]} {words[i + 2]}"))
-            negate, i = False, i + 3
-            continue
-        if w in _FLAGS:
-            if target:
-                args[w] = ""
-            else:
-                matches.append((negate, w, ""))
-            negate, i = False, i + 1
-            continue
-        if w not in _VALUED:
-            raise TraceError(f"trace cannot follow option {w} in: {line}")
-        if target:
-            args[w] = words[i + 1]
-        else:
-            matches.append((negate, w, words[i + 1]))
-        negate, i = False, i + 2
-    return Rule(table, chain, line, tuple(matches), target, args, goto)
-
-
-def split(text: str) -> dict[str, dict[str, list[str]]]:
-    """table -> chain -> rule lines, from restore input (comments and COMMIT ignored). The
-    lines are parsed only when the walk enters their chain: a walk visits a few chains of
-    the 100,000s a large cluster has."""
-    tables: dict[str, dict[str, list[str]]] = {}
-    table = ""
-    for line in text.splitlines():
-        if line.startswith("*"):
-            table = line[1:].strip()
-            tables.setdefault(table, {})
-        elif line.startswith(":"):
-            tables[table].setdefault(line[1:].split(" ", 1)[0], [])
-        elif line.startswith("-A "):
-            tables[table].setdefault(line.split(" ", 2)[1], []).append(line)
-    return tables
+_IGNORED = frozenset({"--comment", "--name", "--seconds", "--reap", "--mode", "--set"})
+"""Options that say nothing about whether a first packet matches (affinity's bookkeeping,
+the statistic mode whose probability is read on its own)."""
 
 
 def _in(addr: IPAddress, value: str) -> bool:
@@ -122,28 +49,28 @@ class Walker:
 
     def __init__(
         self,
-        text: str,
+        tables: Tables,
         jumps: Iterable[JumpRule],
         local: Iterable[IPAddress],
         mark: str,
         sets: SetLookup | None = None,
     ) -> None:
-        self.tables = split(text)
+        self.tables = tables
         self.local = frozenset(local)
         self.mark = int(mark, 0)
         self.sets = sets
-        self._parsed: dict[tuple[str, str], list[Rule]] = {}
+        self.jumps: dict[tuple[str, str], list[Rule]] = {}
         # Each jump is inserted at the head of its built-in chain: the last one runs first.
         for j in reversed(tuple(jumps)):
-            line = " ".join(["-A", j.chain, *(quote(a) for a in j.args())])
-            self.tables.setdefault(j.table, {}).setdefault(j.chain, []).append(line)
+            self.jumps.setdefault((j.table, j.chain), []).append(j.rule())
 
-    def rules(self, table: str, chain: str) -> list[Rule]:
-        key = (table, chain)
-        if key not in self._parsed:
-            lines = self.tables.get(table, {}).get(chain, [])
-            self._parsed[key] = [parse_rule(table, line) for line in lines]
-        return self._parsed[key]
+    def rules(self, table: str, chain: str) -> Sequence[Rule]:
+        own = self.tables.get(table, {}).get(chain, ())
+        jumps = self.jumps.get((table, chain))
+        return [*own, *jumps] if jumps else own
+
+    def is_chain(self, table: str, chain: str) -> bool:
+        return chain in self.tables.get(table, {})
 
     def is_local(self, addr: IPAddress) -> bool:
         return addr in self.local or addr.is_loopback
@@ -155,8 +82,9 @@ class Walker:
         p = 1.0
         proto = packet.protocol.value.lower()
         src = packet.src
-        for negated, opt, value in rule.matches:
-            if opt == "--comment" or opt in ("--name", "--seconds", "--reap", "--mode", "--set"):
+        for m in rule.matches:
+            opt, value = m.option, m.value
+            if opt in _IGNORED:
                 continue
             if opt == "--probability":
                 p *= float(value)
@@ -189,7 +117,7 @@ class Walker:
                 ok = self.sets(name, flags, packet, flow)
             else:
                 raise TraceError(f"trace cannot follow {opt} in: {rule.text}")
-            if ok == negated:
+            if ok == m.negated:
                 return None
         return p
 
@@ -214,8 +142,8 @@ class Walker:
                     f = f.fork(f.probability * p)
                 f.steps.append(f"-t {table} {rule.text}")
                 seen = len(f.steps)
-                for g, stopped in self._target(rule, packet, f, depth):
-                    if not stopped and len(g.steps) == seen and rule.target in self.tables[table]:
+                for g, stopped in self._target(table, rule, packet, f, depth):
+                    if not stopped and len(g.steps) == seen and self.is_chain(table, rule.target):
                         g.steps.pop()  # a jump into a chain where nothing matched: not a step
                     if stopped:
                         done.append((g, True))
@@ -226,11 +154,11 @@ class Walker:
             active = nxt
         return done + [(f, False) for f in active]
 
-    def _target(self, rule: Rule, packet: Packet, f: Flow,
+    def _target(self, table: str, rule: Rule, packet: Packet, f: Flow,
                 depth: int) -> list[tuple[Flow, bool]]:  # fmt: skip
-        t, args = rule.target, rule.target_args
-        if t in self.tables.get(rule.table, {}):
-            return self.chain(rule.table, t, packet, f, depth + 1)
+        t, args = rule.target, dict(rule.target_args)
+        if self.is_chain(table, t):
+            return self.chain(table, t, packet, f, depth + 1)
         if t == "" or t == "RETURN":
             return [(f, False)]
         if t == "MARK":
