@@ -32,7 +32,7 @@ def test_trace_text_names_the_rules_matched(world: World, proxy: Pyproxy) -> Non
     assert lines[0] == f"TCP {world.client_ip(1)} -> {LB_IP}:80 ({proxy.mode} mode)"
     if proxy.mode == "userspace":  # no source ranges here: relayed, round robin
         redirect = re.compile(r'  -t nat -A KUBE-PORTALS-CONTAINER -m comment --comment '
-                              rf'"t/tr-lb:http" -m tcp -p tcp -d {re.escape(LB_IP)} --dport 80 '
+                              rf't/tr-lb:http -m tcp -p tcp -d {re.escape(LB_IP)} --dport 80 '
                               r"-j REDIRECT --to-ports <listener:t/tr-lb:http/TCP>")  # fmt: skip
         assert len([ln for ln in lines if redirect.fullmatch(ln)]) == 1, lines
         for pod in pods(world, 1, 2):

@@ -4,12 +4,16 @@ refusals, and a rule the walk cannot read is an error, never a silent "no match"
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import dataclass
 
 import pytest
 
 from pyproxy.backends.iptables.backend import IptablesBackend
 from pyproxy.backends.ipvs.backend import IpvsBackend
 from pyproxy.backends.nftables.backend import NftablesBackend
+from pyproxy.backends.nftables.rule import Rule as NftRule
+from pyproxy.backends.nftables.rule import Verdict
+from pyproxy.backends.nftables.walk import Table
 from pyproxy.backends.nftables.walk import Walker as NftWalker
 from pyproxy.backends.trace import Packet, TraceError
 from pyproxy.backends.userspace.backend import UserspaceBackend
@@ -60,9 +64,17 @@ def test_an_unknown_iptables_option_is_an_error() -> None:
         walker.walk(Packet(CLIENT, ipaddress.ip_address("10.96.0.1"), 80))
 
 
+@dataclass(frozen=True)
+class Osf:
+    """An expression the walk does not know (``osf name Linux``)."""
+
+    @property
+    def text(self) -> str:
+        return "osf name Linux"
+
+
 def test_an_unknown_nft_expression_is_an_error() -> None:
-    text = ("add chain ip kube-proxy nat-prerouting { type nat hook prerouting priority -100 ; }\n"
-            "add rule ip kube-proxy nat-prerouting osf name Linux drop\n")  # fmt: skip
-    walker = NftWalker(text, ())
+    rule = NftRule((Osf(), Verdict("drop")))  # type: ignore[arg-type]
+    table = Table({"prerouting": [(-100, "nat-prerouting")]}, {"nat-prerouting": [rule]})
     with pytest.raises(TraceError, match="osf"):
-        walker.walk(Packet(CLIENT, ipaddress.ip_address("10.96.0.1"), 80))
+        NftWalker(table, ()).walk(Packet(CLIENT, ipaddress.ip_address("10.96.0.1"), 80))

@@ -44,7 +44,7 @@ from pyproxy.backends.nftables.render import (
     localhost_reject_counter,
 )
 from pyproxy.backends.nftables.table import Rendered, Renderer, Updates
-from pyproxy.backends.nftables.walk import Walker
+from pyproxy.backends.nftables.walk import Walker, table_of
 from pyproxy.backends.trace import Packet, Trace
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.kernel import conntrack
@@ -268,7 +268,7 @@ class NftablesBackend(Backend):
     def trace(self, state: ProxyState, packet: Packet) -> Trace:
         def make() -> Walker:
             r = Renderer(self.configs[packet.family]).render(state)
-            return Walker(tx.fresh(r), state.node.local_addresses)
+            return Walker(table_of(r), state.node.local_addresses)
 
         walker = self.walker(state, packet.family, make)
         return Trace(packet, self.mode, tuple(walker.walk(packet)))

@@ -11,6 +11,19 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from pyproxy.backends.nftables import names
+from pyproxy.backends.nftables.rule import (
+    AnonSet,
+    Counter,
+    Dnat,
+    Fib,
+    Match,
+    NumgenVmap,
+    Rule,
+    SetMark,
+    SetRef,
+    Update,
+    Verdict,
+)
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.selection import EndpointSelection, categorize_endpoints
 from pyproxy.model.types import (
@@ -72,17 +85,34 @@ class NftConfig:
         return "ipv4_addr" if self.family is IPFamily.IPV4 else "ipv6_addr"
 
     @property
-    def masquerade(self) -> str:
+    def masquerade(self) -> SetMark:
         """Upstream v1.36's inlined marking rule (the mark-for-masquerade chain is gone)."""
-        return f"mark set mark or {self.proxy.masquerade.mark}"
+        return SetMark("or", self.proxy.masquerade.mark)
 
     @property
-    def no_localhost(self) -> str:
-        return "ip daddr != 127.0.0.0/8" if self.family is IPFamily.IPV4 else "ip6 daddr != ::1"
+    def daddr(self) -> tuple[str]:
+        return (f"{self.nft_family} daddr",)
 
     @property
-    def localhost(self) -> str:
-        return "ip daddr 127.0.0.0/8" if self.family is IPFamily.IPV4 else "ip6 daddr ::1"
+    def saddr(self) -> tuple[str]:
+        return (f"{self.nft_family} saddr",)
+
+    @property
+    def loopback(self) -> str:
+        return "127.0.0.0/8" if self.family is IPFamily.IPV4 else "::1"
+
+    @property
+    def no_localhost(self) -> Match:
+        return Match(self.daddr, self.loopback, negated=True)
+
+    @property
+    def localhost(self) -> Match:
+        return Match(self.daddr, self.loopback)
+
+    @property
+    def service_key(self) -> tuple[str, ...]:
+        """What the service-ips, firewall-ips and no-endpoint-services maps are keyed on."""
+        return (*self.daddr, "meta l4proto", "th dport")
 
     @property
     def localhost_nodeports(self) -> bool:
@@ -92,17 +122,18 @@ class NftConfig:
 
 @dataclass(frozen=True)
 class Element:
-    """One element of a shared set or verdict map."""
+    """One element of a shared set or verdict map: its key's parts (concatenated with ``.``)
+    and, in a verdict map, its verdict."""
 
     container: str
-    key: str
-    value: str = ""
+    key: tuple[str, ...]
+    value: Verdict | None = None
     comment: str = ""
 
     def text(self) -> str:
         comment = f' comment "{self.comment}"' if self.comment else ""
-        value = f" : {self.value}" if self.value else ""
-        return f"{{ {self.key}{comment}{value} }}"
+        value = f" : {self.value.text}" if self.value else ""
+        return f"{{ {' . '.join(self.key)}{comment}{value} }}"
 
 
 @dataclass(frozen=True)
@@ -118,7 +149,7 @@ class NodeFacts:
 class ServiceObjects:
     """Everything one service (all its ports) contributes to the table."""
 
-    chains: dict[str, list[str]] = field(default_factory=dict)
+    chains: dict[str, list[Rule]] = field(default_factory=dict)
     """Per-service chains (their names carry a slash) and their rules, in write order."""
     sets: dict[str, str] = field(default_factory=dict)
     """Affinity sets: name -> definition."""
@@ -154,11 +185,6 @@ class _Port:
     @cached_property
     def proto(self) -> str:
         return self.sp.protocol.value.lower()
-
-    @property
-    def counted(self) -> str:
-        """The named-counter statement of this port's DNAT rules ("" without counters)."""
-        return f'counter name "{names.COUNTER}{self.base}" ' if self.cfg.counters else ""
 
     @property
     def cluster_chain(self) -> str:
@@ -212,15 +238,25 @@ class _Port:
     def uses_firewall(self) -> bool:
         return bool(self.sp.load_balancer_ips) and bool(self.sp.load_balancer_source_ranges)
 
-    def refusal(self, internal: bool) -> str:
+    def refusal(self, internal: bool) -> Verdict | None:
         """The no-endpoint verdict: reject when there is no endpoint anywhere, drop when a
         Local policy has none here."""
         if not self.sel.has_any:
-            return f"goto {REJECT_CHAIN}"
-        return "drop" if not (self.has_internal if internal else self.has_external) else ""
+            return Verdict("goto", REJECT_CHAIN)
+        return (
+            Verdict("drop") if not (self.has_internal if internal else self.has_external) else None
+        )
 
-    def key(self, addr: IPAddress) -> str:
-        return f"{addr} . {self.proto} . {self.sp.port}"
+    def key(self, addr: IPAddress) -> tuple[str, ...]:
+        return (str(addr), self.proto, str(self.sp.port))
+
+    def dnat(self, targets: tuple[Endpoint, ...], single: bool = False) -> Rule:
+        """``meta l4proto P [counter name ...] dnat ...``: a DNAT rule, counted with
+        --service-metrics."""
+        counted = (Counter(f"{names.COUNTER}{self.base}"),) if self.cfg.counters else ()
+        to = tuple((str(ep.ip), ep.port) for ep in targets)
+        return Rule((Match(("meta l4proto",), self.proto), *counted,
+                     Dnat(self.cfg.nft_family, to, single)))  # fmt: skip
 
 
 def _address_elements(p: _Port, out: ServiceObjects) -> None:
@@ -228,17 +264,21 @@ def _address_elements(p: _Port, out: ServiceObjects) -> None:
     sp, name = p.sp, str(p.sp.name)
     cip = sp.cluster_ip(p.cfg.family)
     assert cip is not None  # callers pass family views only
-    out.elements.append(Element(CLUSTER_IPS, str(cip)))
+    out.elements.append(Element(CLUSTER_IPS, (str(cip),)))
     if p.has_internal:
-        out.elements.append(Element(SERVICE_IPS, p.key(cip), f"goto {p.internal_chain}"))
+        out.elements.append(Element(SERVICE_IPS, p.key(cip), Verdict("goto", p.internal_chain)))
     else:
         out.elements.append(Element(NO_ENDPOINT_SERVICES, p.key(cip), p.refusal(True), name))
     external_refusal = p.refusal(False)
     for addr in (*sp.external_ips, *sp.load_balancer_ips):
         if p.sel.has_any:
-            out.elements.append(Element(SERVICE_IPS, p.key(addr), f"goto {p.external_chain}"))
+            out.elements.append(
+                Element(SERVICE_IPS, p.key(addr), Verdict("goto", p.external_chain))
+            )
         if addr in sp.load_balancer_ips and p.uses_firewall:
-            out.elements.append(Element(FIREWALL_IPS, p.key(addr), f"goto {p.firewall_chain}"))
+            out.elements.append(
+                Element(FIREWALL_IPS, p.key(addr), Verdict("goto", p.firewall_chain))
+            )
         if external_refusal:
             out.elements.append(Element(NO_ENDPOINT_SERVICES, p.key(addr), external_refusal, name))
 
@@ -246,14 +286,14 @@ def _address_elements(p: _Port, out: ServiceObjects) -> None:
 def _node_port_elements(p: _Port, out: ServiceObjects) -> None:
     if not p.sp.node_port:
         return
-    key = f"{p.proto} . {p.sp.node_port}"
+    key = (p.proto, str(p.sp.node_port))
     if p.sel.has_any:
-        out.elements.append(Element(SERVICE_NODEPORTS, key, f"goto {p.external_chain}"))
+        out.elements.append(Element(SERVICE_NODEPORTS, key, Verdict("goto", p.external_chain)))
     refusal = p.refusal(False)
     if refusal:
         out.elements.append(Element(NO_ENDPOINT_NODEPORTS, key, refusal, str(p.sp.name)))
     if p.cfg.localhost_nodeports and p.proto in LOCALHOST_REJECTED:
-        reject = f"goto {localhost_reject_chain(p.proto)}"
+        reject = Verdict("goto", localhost_reject_chain(p.proto))
         out.elements.append(Element(LOCALHOST_REJECT_MAP, key, reject))
 
 
@@ -261,73 +301,55 @@ def _hairpin_elements(p: _Port, out: ServiceObjects) -> None:
     """Local endpoints that may reach themselves through their service: masqueraded."""
     for ep in p.sel.all_reachable:
         if ep.node_name and ep.node_name == p.node.node.name:
-            out.elements.append(Element(HAIRPIN, f"{ep.ip} . {ep.ip} . {p.proto} . {ep.port}"))
+            key = (str(ep.ip), str(ep.ip), p.proto, str(ep.port))
+            out.elements.append(Element(HAIRPIN, key))
 
 
-def _external_chain(p: _Port) -> list[str]:
+def _external_chain(p: _Port) -> list[Rule]:
     """external-*: masquerade (Cluster policy), or short-circuit pod and node traffic (Local
     policy), then on to the policy's chain."""
     rules = []
+    masquerade = p.cfg.masquerade
     if not p.sp.external_policy_local:
-        rules.append(f'{p.cfg.masquerade} comment "masquerade"')
+        rules.append(Rule((masquerade,), "masquerade"))
     else:
         if p.node.local_cidrs:
-            ip = p.cfg.nft_family
-            rules.append(
-                f"{ip} saddr {p.node.local_cidrs[0]} goto {p.cluster_chain}"
-                ' comment "short-circuit pod traffic"'
-            )
-        rules.append(f'fib saddr type local {p.cfg.masquerade} comment "masquerade local traffic"')
-        rules.append(
-            f'fib saddr type local goto {p.cluster_chain} comment "short-circuit local traffic"'
-        )
+            pods = Match(p.cfg.saddr, str(p.node.local_cidrs[0]))
+            rules.append(Rule((pods, Verdict("goto", p.cluster_chain)),
+                              "short-circuit pod traffic"))  # fmt: skip
+        rules.append(Rule((Fib("saddr"), masquerade), "masquerade local traffic"))
+        rules.append(Rule((Fib("saddr"), Verdict("goto", p.cluster_chain)),
+                          "short-circuit local traffic"))  # fmt: skip
     if p.has_external:
-        rules.append(f"goto {p.external_policy_chain}")
+        rules.append(Rule((Verdict("goto", p.external_policy_chain),)))
     return rules
 
 
-def _firewall_chain(p: _Port) -> list[str]:
+def _firewall_chain(p: _Port) -> list[Rule]:
     """firewall-*: drop load-balancer traffic from outside the source ranges (the node
     itself may reach its LB IPs when a range holds its IP)."""
     sources = [str(c) for c in p.sp.load_balancer_source_ranges]
     node_ip = p.node.node_ip
     if node_ip is not None and any(node_ip in c for c in p.sp.load_balancer_source_ranges):
         sources += [str(ip) for ip in p.sp.load_balancer_ips]
-    return [f"{p.cfg.nft_family} saddr != {{ {', '.join(sources)} }} drop"]
+    return [Rule((Match(p.cfg.saddr, AnonSet(tuple(sources)), negated=True), Verdict("drop")))]
 
 
-def _dnat_rule(p: _Port, eps: tuple[Endpoint, ...]) -> str:
-    """Service chain without affinity: one numgen map straight to the endpoints."""
-    ip = p.cfg.nft_family
-    elems = " , ".join(f"{i} : {ep.ip} . {ep.port}" for i, ep in enumerate(eps))
-    return (
-        f"meta l4proto {p.proto} {p.counted}dnat {ip} addr . port to numgen random mod {len(eps)}"
-        f" map {{ {elems} }}"
-    )
-
-
-def _affinity_rules(p: _Port, eps: tuple[Endpoint, ...]) -> list[str]:
+def _affinity_rules(p: _Port, eps: tuple[Endpoint, ...]) -> list[Rule]:
     """Service chain with ClientIP affinity: a remembered client goes to its endpoint
     chain; others are spread over them."""
-    ip = p.cfg.nft_family
     rules = [
-        f"{ip} saddr @{names.AFFINITY}{p.endpoint_bases[ep]} goto {names.ENDPOINT}"
-        f"{p.endpoint_bases[ep]}"
+        Rule((Match(p.cfg.saddr, SetRef(names.AFFINITY + p.endpoint_bases[ep])),
+              Verdict("goto", names.ENDPOINT + p.endpoint_bases[ep])))
         for ep in eps
-    ]
-    verdicts = " , ".join(
-        f"{i} : goto {names.ENDPOINT}{p.endpoint_bases[ep]}" for i, ep in enumerate(eps)
-    )
-    rules.append(f"numgen random mod {len(eps)} vmap {{ {verdicts} }}")
-    return rules
+    ]  # fmt: skip
+    verdicts = tuple(Verdict("goto", names.ENDPOINT + p.endpoint_bases[ep]) for ep in eps)
+    return [*rules, Rule((NumgenVmap(verdicts),))]
 
 
-def _endpoint_chain(p: _Port, ep: Endpoint) -> list[str]:
-    ip = p.cfg.nft_family
-    return [
-        f"update @{names.AFFINITY}{p.endpoint_bases[ep]} {{ {ip} saddr }}",
-        f"meta l4proto {p.proto} {p.counted}dnat to {ep}",
-    ]
+def _endpoint_chain(p: _Port, ep: Endpoint) -> list[Rule]:
+    remember = Update(names.AFFINITY + p.endpoint_bases[ep], p.cfg.saddr[0])
+    return [Rule((remember,)), p.dnat((ep,), single=True)]
 
 
 def _policy_chains(p: _Port, out: ServiceObjects) -> None:
@@ -337,7 +359,7 @@ def _policy_chains(p: _Port, out: ServiceObjects) -> None:
         (p.uses_local_chain, p.local_chain, p.sel.local),
     ):
         if used:
-            out.chains[chain] = _affinity_rules(p, eps) if affinity else [_dnat_rule(p, eps)]
+            out.chains[chain] = _affinity_rules(p, eps) if affinity else [p.dnat(eps)]
             if p.cfg.counters:
                 out.counters[names.COUNTER + p.base] = str(p.sp.name)
     if not affinity:

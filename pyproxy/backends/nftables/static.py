@@ -24,9 +24,26 @@ from pyproxy.backends.nftables.render import (
     localhost_reject_chain,
     localhost_reject_counter,
 )
+from pyproxy.backends.nftables.rule import (
+    AnonSet,
+    Counter,
+    Ct,
+    Expr,
+    Fib,
+    MarkTest,
+    Masquerade,
+    Match,
+    Rule,
+    SetMark,
+    SetRef,
+    Verdict,
+    Vmap,
+)
 from pyproxy.model.types import IPFamily, IPNetwork
 
 TABLE_COMMENT = "rules for kube-proxy"
+PORT_KEY = ("meta l4proto", "th dport")
+"""What the NodePort maps are keyed on."""
 
 # (name, type, hook, priority): upstream's nftablesBaseChains
 BASE_CHAINS = (
@@ -39,20 +56,21 @@ BASE_CHAINS = (
     ("nat-output", "nat", "output", "-100"),
     ("nat-postrouting", "nat", "postrouting", "100"),
 )
-# (target, from, match): upstream's nftablesJumpChains
+# (target, from, only new connections): upstream's nftablesJumpChains
 JUMPS = (
-    ("nodeport-endpoints-check", "filter-input", "ct state new"),
-    ("service-endpoints-check", "filter-input", "ct state new"),
-    ("service-endpoints-check", "filter-forward", "ct state new"),
-    ("service-endpoints-check", "filter-output", "ct state new"),
-    ("firewall-check", "filter-prerouting-pre-dnat", "ct state new"),
-    ("firewall-check", "filter-output-pre-dnat", "ct state new"),
-    ("services", "nat-output", ""),
-    ("services", "nat-prerouting", ""),
-    ("masquerading", "nat-postrouting", ""),
-    ("cluster-ips-check", "filter-forward", "ct state new"),
-    ("cluster-ips-check", "filter-output", "ct state new"),
+    ("nodeport-endpoints-check", "filter-input", True),
+    ("service-endpoints-check", "filter-input", True),
+    ("service-endpoints-check", "filter-forward", True),
+    ("service-endpoints-check", "filter-output", True),
+    ("firewall-check", "filter-prerouting-pre-dnat", True),
+    ("firewall-check", "filter-output-pre-dnat", True),
+    ("services", "nat-output", False),
+    ("services", "nat-prerouting", False),
+    ("masquerading", "nat-postrouting", False),
+    ("cluster-ips-check", "filter-forward", True),
+    ("cluster-ips-check", "filter-output", True),
 )
+NEW = Ct("state", "new")
 
 
 @dataclass
@@ -61,7 +79,7 @@ class Static:
 
     chains: dict[str, str] = field(default_factory=dict)
     """Every non-service chain -> its definition ("" for a plain chain)."""
-    rules: dict[str, list[str]] = field(default_factory=dict)
+    rules: dict[str, list[Rule]] = field(default_factory=dict)
     sets: dict[str, str] = field(default_factory=dict)
     maps: dict[str, str] = field(default_factory=dict)
     elements: list[Element] = field(default_factory=list)
@@ -70,8 +88,8 @@ class Static:
     """NodePorts on every local address: the nodeport-ips set must not exist."""
 
 
-def _rule(s: Static, chain: str, rule: str) -> None:
-    s.rules.setdefault(chain, []).append(rule)
+def _rule(s: Static, chain: str, *exprs: Expr, comment: str = "") -> None:
+    s.rules.setdefault(chain, []).append(Rule(exprs, comment))
 
 
 def _containers(s: Static, cfg: NftConfig) -> None:
@@ -101,29 +119,23 @@ def _containers(s: Static, cfg: NftConfig) -> None:
 
 
 def _check_chains(s: Static, cfg: NftConfig, service_cidrs: tuple[IPNetwork, ...]) -> None:
-    ip, mark = cfg.nft_family, cfg.proxy.masquerade.mark
-    _rule(
-        s, "masquerading", f"mark and {mark} != 0 mark set mark xor {mark} masquerade fully-random"
-    )
-    hairpin = f"{ip} saddr . {ip} daddr . meta l4proto . th dport @{HAIRPIN}"
-    _rule(s, "masquerading", f"ct status dnat {hairpin} masquerade fully-random")
-    why = "Reject traffic to invalid ports of ClusterIPs"
-    _rule(s, "cluster-ips-check", f'{ip} daddr @{CLUSTER_IPS} reject comment "{why}"')
-    cidrs = [str(c) for c in service_cidrs if IPFamily.of(c) is cfg.family]
+    mark = cfg.proxy.masquerade.mark
+    _rule(s, "masquerading", MarkTest(mark), SetMark("xor", mark), Masquerade())
+    hairpin = Match((*cfg.saddr, *cfg.service_key), SetRef(HAIRPIN))
+    _rule(s, "masquerading", Ct("status", "dnat"), hairpin, Masquerade())
+    _rule(s, "cluster-ips-check", Match(cfg.daddr, SetRef(CLUSTER_IPS)), Verdict("reject"),
+          comment="Reject traffic to invalid ports of ClusterIPs")  # fmt: skip
+    cidrs = tuple(str(c) for c in service_cidrs if IPFamily.of(c) is cfg.family)
     if cidrs:
-        why = "Drop traffic to unallocated ClusterIPs"
-        _rule(s, "cluster-ips-check", f'{ip} daddr {{ {", ".join(cidrs)} }} drop comment "{why}"')
+        _rule(s, "cluster-ips-check", Match(cfg.daddr, AnonSet(cidrs)), Verdict("drop"),
+              comment="Drop traffic to unallocated ClusterIPs")  # fmt: skip
     helper = "helper for @no-endpoint-services / @no-endpoint-nodeports"
     s.chains[REJECT_CHAIN] = f'{{ comment "{helper}" ; }}'
-    _rule(s, REJECT_CHAIN, "reject")
-    dispatch = f"{ip} daddr . meta l4proto . th dport vmap"
-    _rule(s, "service-endpoints-check", f"{dispatch} @{NO_ENDPOINT_SERVICES}")
-    where = cfg.no_localhost if s.match_all_nodeports else f"{ip} daddr @{NODEPORT_IPS}"
-    _rule(
-        s, "nodeport-endpoints-check",
-        f"{where} meta l4proto . th dport vmap @{NO_ENDPOINT_NODEPORTS}",
-    )  # fmt: skip
-    _rule(s, "firewall-check", f"{dispatch} @{FIREWALL_IPS}")
+    _rule(s, REJECT_CHAIN, Verdict("reject"))
+    _rule(s, "service-endpoints-check", Vmap(cfg.service_key, NO_ENDPOINT_SERVICES))
+    where = cfg.no_localhost if s.match_all_nodeports else Match(cfg.daddr, SetRef(NODEPORT_IPS))
+    _rule(s, "nodeport-endpoints-check", where, Vmap(PORT_KEY, NO_ENDPOINT_NODEPORTS))
+    _rule(s, "firewall-check", Vmap(cfg.service_key, FIREWALL_IPS))
 
 
 def _localhost_rejects(s: Static, cfg: NftConfig) -> None:
@@ -137,30 +149,25 @@ def _localhost_rejects(s: Static, cfg: NftConfig) -> None:
         counter = localhost_reject_counter(proto)
         s.counters.append(counter)
         s.chains[localhost_reject_chain(proto)] = ""
-        _rule(s, localhost_reject_chain(proto), f'counter name "{counter}" reject')
-    _rule(
-        s, "nodeport-endpoints-check",
-        f"{cfg.localhost} meta l4proto . th dport vmap @{LOCALHOST_REJECT_MAP}",
-    )  # fmt: skip
+        _rule(s, localhost_reject_chain(proto), Counter(counter), Verdict("reject"))
+    _rule(s, "nodeport-endpoints-check", cfg.localhost, Vmap(PORT_KEY, LOCALHOST_REJECT_MAP))
 
 
 def _services_chain(s: Static, cfg: NftConfig, node: NodeFacts) -> None:
-    ip = cfg.nft_family
+    cluster_ips = Match(cfg.daddr, SetRef(CLUSTER_IPS))
     if cfg.proxy.masquerade.all:
-        why = "masquerade all clusterIP traffic"
-        _rule(s, "services", f'{ip} daddr @{CLUSTER_IPS} {cfg.masquerade} comment "{why}"')
+        _rule(s, "services", cluster_ips, cfg.masquerade,
+              comment="masquerade all clusterIP traffic")  # fmt: skip
     elif node.local_cidrs:
-        why = "masquerade clusterIP traffic from outside cluster"
-        outside = f"{ip} saddr != {node.local_cidrs[0]}"
-        _rule(
-            s, "services", f'{ip} daddr @{CLUSTER_IPS} {outside} {cfg.masquerade} comment "{why}"'
-        )
-    _rule(s, "services", f"{ip} daddr . meta l4proto . th dport vmap @{SERVICE_IPS}")
-    ports = f"meta l4proto . th dport vmap @{SERVICE_NODEPORTS}"
+        outside = Match(cfg.saddr, str(node.local_cidrs[0]), negated=True)
+        _rule(s, "services", cluster_ips, outside, cfg.masquerade,
+              comment="masquerade clusterIP traffic from outside cluster")  # fmt: skip
+    _rule(s, "services", Vmap(cfg.service_key, SERVICE_IPS))
+    ports = Vmap(PORT_KEY, SERVICE_NODEPORTS)
     if s.match_all_nodeports:
-        _rule(s, "services", f"fib daddr type local {cfg.no_localhost} {ports}")
+        _rule(s, "services", Fib("daddr"), cfg.no_localhost, ports)
     else:
-        _rule(s, "services", f"{ip} daddr @{NODEPORT_IPS} {ports}")
+        _rule(s, "services", Match(cfg.daddr, SetRef(NODEPORT_IPS)), ports)
 
 
 def static_objects(cfg: NftConfig, node: NodeFacts, service_cidrs: tuple[IPNetwork, ...]) -> Static:
@@ -168,9 +175,9 @@ def static_objects(cfg: NftConfig, node: NodeFacts, service_cidrs: tuple[IPNetwo
     s = Static(match_all_nodeports=nodeport_ips is None)
     for name, ctype, hook, prio in BASE_CHAINS:
         s.chains[name] = f"{{ type {ctype} hook {hook} priority {prio} ; }}"
-    for target, source, match in JUMPS:
+    for target, source, new in JUMPS:
         s.chains.setdefault(target, "")
-        _rule(s, source, f"{match} jump {target}".strip())
+        _rule(s, source, *((NEW,) if new else ()), Verdict("jump", target))
     for chain in ("services", "cluster-ips-check", "masquerading", "firewall-check"):
         s.chains.setdefault(chain, "")
     _containers(s, cfg)
@@ -180,5 +187,5 @@ def static_objects(cfg: NftConfig, node: NodeFacts, service_cidrs: tuple[IPNetwo
     _services_chain(s, cfg, node)
     for ip in nodeport_ips or ():
         if not ip.is_loopback:  # upstream: localhost NodePorts are not supported here
-            s.elements.append(Element(NODEPORT_IPS, str(ip)))
+            s.elements.append(Element(NODEPORT_IPS, (str(ip),)))
     return s

@@ -26,14 +26,22 @@ from pyproxy.backends.nftables.render import (
     ServiceObjects,
     render_port,
 )
+from pyproxy.backends.nftables.rule import Rule, Verdict
 from pyproxy.backends.nftables.static import BASE_CHAINS, TABLE_COMMENT, Static, static_objects
 from pyproxy.model.types import Endpoint, NamespacedName, ProxyState, ServicePort
 
-ElementKey = tuple[str, str]  # (container, key)
-ElementValue = tuple[str, str]  # (value, comment)
+ElementKey = tuple[str, tuple[str, ...]]  # (container, key)
+ElementValue = tuple[Verdict | None, str]  # (value, comment)
 
 
 ServiceEntry = Entry[ServiceObjects]
+
+
+def element_order(key: ElementKey) -> tuple[str, str]:
+    """Elements are written in the order of their text (as knftables' Fake dumps them)."""
+    return key[0], " . ".join(key[1])
+
+
 Updates = Mapping[NamespacedName, ServiceEntry | None]
 
 
@@ -104,10 +112,10 @@ class Rendered(ServiceTable[ServiceObjects]):
         return Element(key[0], key[1], value, comment)
 
     def elements(self) -> list[Element]:
-        out = [self.element(k) for k in sorted(self.contributions)]
+        out = [self.element(k) for k in sorted(self.contributions, key=element_order)]
         return [e for e in out if e is not None]
 
-    def service_chains(self) -> dict[str, list[str]]:
+    def service_chains(self) -> dict[str, list[Rule]]:
         return {
             c: r
             for svc in sorted(self.entries)
@@ -135,7 +143,7 @@ class Rendered(ServiceTable[ServiceObjects]):
     def dump(self) -> str:
         """The table as upstream's knftables Fake dumps it: every object added, once."""
         rules = [
-            f"{self.prefix('add', 'rule')} {c} {r}\n"
+            f"{self.prefix('add', 'rule')} {c} {r.text}\n"
             for c, rs in self.service_chains().items()
             for r in rs
         ]
@@ -166,7 +174,7 @@ class Rendered(ServiceTable[ServiceObjects]):
 
     def static_rule_lines(self) -> list[str]:
         rules = self.static.rules.items()
-        return [f"{self.prefix('add', 'rule')} {c} {r}\n" for c, rs in rules for r in rs]
+        return [f"{self.prefix('add', 'rule')} {c} {r.text}\n" for c, rs in rules for r in rs]
 
     def element_lines(self) -> list[str]:
         return [

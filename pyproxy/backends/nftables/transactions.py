@@ -23,8 +23,15 @@ from pyproxy.backends.nftables.render import (
     localhost_reject_chain,
     localhost_reject_counter,
 )
+from pyproxy.backends.nftables.rule import Rule
 from pyproxy.backends.nftables.static import BASE_CHAINS
-from pyproxy.backends.nftables.table import ElementKey, ElementValue, Rendered, Updates
+from pyproxy.backends.nftables.table import (
+    ElementKey,
+    ElementValue,
+    Rendered,
+    Updates,
+    element_order,
+)
 
 STALE_CHAIN_DELAY = 1.0
 """Seconds a flushed chain waits before deletion: kernels before 6.2 keep a removed map
@@ -47,14 +54,14 @@ def _add(r: Rendered, kind: str) -> str:
     return r.prefix("add", kind)
 
 
-def _chain_block(r: Rendered, chains: dict[str, list[str]], sets: dict[str, str],
+def _chain_block(r: Rendered, chains: dict[str, list[Rule]], sets: dict[str, str],
                  counters: Collection[str]) -> list[str]:  # fmt: skip
     """Declare, flush and fill ``chains``; affinity ``sets`` and named counters first."""
     out = [f"{_add(r, 'set')} {n} {d}\n" for n, d in sets.items()]
     out += [f"{_add(r, 'counter')} {n}\n" for n in counters]
     for chain in chains:
         out += [f"{_add(r, 'chain')} {chain}\n", f"{r.prefix('flush', 'chain')} {chain}\n"]
-    out += [f"{_add(r, 'rule')} {c} {rule}\n" for c, rules in chains.items() for rule in rules]
+    out += [f"{_add(r, 'rule')} {c} {rule.text}\n" for c, rules in chains.items() for rule in rules]
     return out
 
 
@@ -181,9 +188,9 @@ def partial(r: Rendered, updates: Updates, mirror: Mirror) -> Partial:
     """The transaction moving the kernel from ``r`` to ``r`` plus ``updates``. Pure: neither
     ``r`` nor the mirror changes (the kernel may refuse it); the caller applies the updates
     to ``r`` and records the result with ``written_after_partial`` once it was accepted."""
-    old_chains: dict[str, list[str]] = {}
+    old_chains: dict[str, list[Rule]] = {}
     old_sets: dict[str, str] = {}
-    new_chains: dict[str, list[str]] = {}
+    new_chains: dict[str, list[Rule]] = {}
     new_sets: dict[str, str] = {}
     old_counters: set[str] = set()
     new_counters: set[str] = set()
@@ -210,7 +217,7 @@ def partial(r: Rendered, updates: Updates, mirror: Mirror) -> Partial:
 
 def _chain_changes(
     r: Rendered,
-    write: dict[str, list[str]],
+    write: dict[str, list[Rule]],
     gone: tuple[str, ...],
     old_sets: dict[str, str],
     new_sets: dict[str, str],
@@ -223,7 +230,7 @@ def _chain_changes(
     out += [f"{r.prefix('flush', 'chain')} {c}\n" for c in (*write, *gone)]
     out += [f"{r.prefix('delete', 'set')} {n}\n" for n in sets_out]
     out += [f"{_add(r, 'set')} {n} {d}\n" for n, d in sets_in.items()]
-    out += [f"{_add(r, 'rule')} {c} {rule}\n" for c, rules in write.items() for rule in rules]
+    out += [f"{_add(r, 'rule')} {c} {rule.text}\n" for c, rules in write.items() for rule in rules]
     return out
 
 
@@ -232,13 +239,13 @@ def _element_changes(
 ) -> list[str]:
     deletes: list[str] = []
     adds: list[str] = []
-    for key in sorted(elements):
+    for key in sorted(elements, key=element_order):
         want = elements[key]
         have = mirror.elements.get(key)
         if want is not None and have == (want.value, want.comment):
             continue
         if have is not None:
-            deletes.append(f"{r.prefix('delete', 'element')} {key[0]} {{ {key[1]} }}\n")
+            deletes.append(f"{r.prefix('delete', 'element')} {key[0]} {{ {' . '.join(key[1])} }}\n")
         if want is not None:
             adds.append(f"{_add(r, 'element')} {key[0]} {want.text()}\n")
     return deletes + adds

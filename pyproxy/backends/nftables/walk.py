@@ -1,8 +1,7 @@
 """``pyproxy trace`` in nftables mode: follow the first packet of a connection through the
-rendered ``nft -f`` text of table kube-proxy: its base chains hook by hook in priority order,
-the verdict maps (service-ips, service-nodeports, firewall-ips, no-endpoint-*) by their
-elements, numgen's random choice as equal branches. Pure: it reads the render, never the
-kernel.
+rendered objects of table kube-proxy: its base chains hook by hook in priority order, the
+verdict maps (service-ips, service-nodeports, firewall-ips, no-endpoint-*) by their elements,
+numgen's random choice as equal branches. Pure: it reads the render, never the kernel.
 
 Only the expressions pyproxy renders are known; anything else is a TraceError, so a rule the
 walk cannot read is never silently taken for one that does not match.
@@ -11,10 +10,29 @@ walk cannot read is never silently taken for one that does not match.
 from __future__ import annotations
 
 import ipaddress
-import shlex
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from pyproxy.backends.nftables.rule import (
+    AnonSet,
+    Counter,
+    Ct,
+    Dnat,
+    Expr,
+    Fib,
+    MarkTest,
+    Masquerade,
+    Match,
+    NumgenVmap,
+    Rule,
+    SetMark,
+    SetRef,
+    Update,
+    Verdict,
+    Vmap,
+)
+from pyproxy.backends.nftables.static import BASE_CHAINS
+from pyproxy.backends.nftables.table import Rendered
 from pyproxy.backends.trace import (
     AFFINITY_NOTE,
     DNAT,
@@ -32,61 +50,40 @@ from pyproxy.model.types import IPAddress
 @dataclass
 class Table:
     hooks: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
-    """hook -> (priority, base chain)."""
-    rules: dict[str, list[str]] = field(default_factory=dict)
-    elements: dict[str, dict[tuple[str, ...], str]] = field(default_factory=dict)
-    """set or map -> key parts -> verdict ("" for a set)."""
+    """hook -> (priority, base chain), in the order netfilter runs them."""
+    rules: Mapping[str, Sequence[Rule]] = field(default_factory=dict)
+    elements: dict[str, dict[tuple[str, ...], Verdict | None]] = field(default_factory=dict)
+    """set or map -> key parts -> verdict (None in a set)."""
 
 
-def _body(line: str, words: int) -> str:
-    """``line`` without its first ``words`` words (``add rule ip kube-proxy CHAIN``: 5)."""
-    return line.split(None, words)[words] if len(line.split(None, words)) > words else ""
-
-
-def parse(text: str) -> Table:
-    t = Table()
-    for line in text.splitlines():
-        words = line.split()
-        if len(words) < 5 or words[0] not in ("add", "flush", "delete"):
-            continue
-        verb, kind, name = words[0], words[1], words[4]
-        if kind == "chain":
-            if verb == "add" and " hook " in line:
-                tokens = line.split()
-                hook = tokens[tokens.index("hook") + 1]
-                prio = int(tokens[tokens.index("priority") + 1])
-                t.hooks.setdefault(hook, []).append((prio, name))
-            if verb in ("flush", "delete") or name not in t.rules:
-                t.rules[name] = []
-        elif kind == "rule":
-            t.rules.setdefault(name, []).append(_body(line, 5))
-        elif kind in ("set", "map"):
-            if verb in ("flush", "delete") or name not in t.elements:
-                t.elements[name] = {}
-        elif kind == "element":
-            inner = _body(line, 5).strip().removeprefix("{").removesuffix("}").strip()
-            key, _, value = inner.partition(" : ")
-            key = key.split(" comment ", 1)[0]
-            t.elements.setdefault(name, {})[tuple(k.strip() for k in key.split(" . "))] = (
-                value.strip()
-            )
-    for chains in t.hooks.values():
+def table_of(r: Rendered) -> Table:
+    """The walk's view of a rendered table: nothing is parsed."""
+    hooks: dict[str, list[tuple[int, str]]] = {}
+    for name, _, hook, prio in BASE_CHAINS:
+        hooks.setdefault(hook, []).append((int(prio), name))
+    for chains in hooks.values():
         chains.sort()
-    return t
+    rules: dict[str, Sequence[Rule]] = {c: r.static.rules.get(c, []) for c in r.static.chains}
+    rules.update(r.service_chains())
+    elements: dict[str, dict[tuple[str, ...], Verdict | None]] = {
+        n: {} for n in (*r.static.sets, *r.static.maps, *r.affinity_sets())
+    }
+    for e in r.elements():
+        elements.setdefault(e.container, {})[e.key] = e.value
+    return Table(hooks, rules, elements)
 
 
 def _in(addr: IPAddress, value: str) -> bool:
-    return addr in ipaddress.ip_network(value.rstrip(","), strict=False)
+    return addr in ipaddress.ip_network(value, strict=False)
 
 
 NO_MATCH = -1
 """``Walker._condition``: the packet fails the condition, so the rule does not match."""
-PROTOCOLS = ("tcp", "udp", "sctp")
 
 
 class Walker:
-    def __init__(self, text: str, local: Iterable[IPAddress]) -> None:
-        self.table = parse(text)
+    def __init__(self, table: Table, local: Iterable[IPAddress]) -> None:
+        self.table = table
         self.local = frozenset(local)
 
     def is_local(self, addr: IPAddress) -> bool:
@@ -105,146 +102,102 @@ class Walker:
             return str(f.port)
         raise TraceError(f"trace cannot follow the key {part!r}")
 
-    def _lookup(self, name: str, key: tuple[str, ...]) -> str | None:
+    def _keys(self, keys: tuple[str, ...], packet: Packet, f: Flow) -> tuple[str, ...]:
+        return tuple(self._key(k, packet, f) for k in keys)
+
+    def _lookup(self, name: str, key: tuple[str, ...]) -> tuple[bool, Verdict | None]:
+        """(whether ``key`` is in set or map ``name``, the map's verdict for it)."""
         elements = self.table.elements.get(name)
         if elements is None:
             raise TraceError(f"no set or map {name} in the render")
         for k, v in elements.items():
             if len(k) == len(key) and all(_elem_match(e, x) for e, x in zip(k, key, strict=True)):
-                return v
-        return None
+                return True, v
+        return False, None
 
-    def rule(self, chain: str, rule: str, packet: Packet,
+    def rule(self, chain: str, rule: Rule, packet: Packet,
              flow: Flow) -> list[tuple[Flow, str]]:  # fmt: skip
         """Run one rule: the branches, each with the verdict it reached ("" to go on to the
         next rule, "jump X"/"goto X", "return", or a terminal: accept, drop, reject, dnat,
         masquerade). Conditions are read left to right until one fails; then statements."""
-        words = shlex.split(rule)
-        rule = f"chain {chain}: {rule}"
-        i = 0
-        while i < len(words):
-            nxt = self._condition(words, i, rule, packet, flow)
-            if nxt == NO_MATCH:
+        step = f"chain {chain}: {rule.text}"
+        for e in rule.exprs:
+            if not self._holds(e, step, packet, flow):
                 return [(flow, "")]
-            if nxt is None:
-                ended, nxt = self._statement(words, i, rule, packet, flow)
-                if ended is not None:
-                    return ended
-            i = nxt
+            ended = self._statement(e, step, packet, flow)
+            if ended is not None:
+                return ended
         return [(flow, "")]
 
-    def _key_at(self, words: list[str], i: int, packet: Packet,
-                f: Flow) -> tuple[tuple[str, ...], int]:  # fmt: skip
-        """The packet's value of the key at ``words[i]``, maybe concatenated (a . b . c), and
-        the index after it."""
-        parts = [f"{words[i]} {words[i + 1]}"]
-        j = i + 2
-        while j + 2 < len(words) and words[j] == ".":
-            parts.append(f"{words[j + 1]} {words[j + 2]}")
-            j += 3
-        return tuple(self._key(p, packet, f) for p in parts), j
-
-    def _condition(self, words: list[str], i: int, rule: str, packet: Packet,
-                   f: Flow) -> int | None:  # fmt: skip
-        """A condition (or a no-op) at ``words[i]``: the index after it, NO_MATCH when the
-        packet fails it, None when ``words[i]`` starts a statement."""
-        w, rest = words[i], words[i:]
-        if w == "comment":
-            return i + 2
-        if w == "counter":
-            return i + (3 if len(words) > i + 1 and words[i + 1] == "name" else 1)
-        if rest[:3] == ["ct", "state", "new"]:
-            return i + 3
-        if rest[:3] == ["ct", "status", "dnat"]:
-            return i + 3 if f.dnat else NO_MATCH
-        if rest[:2] in (["fib", "daddr"], ["fib", "saddr"]):
-            if rest[2:4] != ["type", "local"]:
-                raise TraceError(f"trace cannot follow {' '.join(rest[:4])} in: {rule}")
-            addr = f.dst if words[i + 1] == "daddr" else packet.src
-            return i + 4 if self.is_local(addr) else NO_MATCH
-        if rest[:2] == ["mark", "and"]:
-            mask, cmp, val = int(words[i + 2], 0), words[i + 3], int(words[i + 4], 0)
-            return i + 5 if (f.mark & mask != val) == (cmp == "!=") else NO_MATCH
-        if w not in ("ip", "ip6", "meta", "th") or i + 1 >= len(words):
-            return None
-        if rest[:2] == ["meta", "l4proto"] and len(rest) > 2 and rest[2] in PROTOCOLS:
-            return i + 3 if rest[2] == packet.protocol.value.lower() else NO_MATCH
-        key, j = self._key_at(words, i, packet, f)
-        if words[j] == "vmap":  # a verdict map: a statement
-            return None
-        negated = words[j] == "!="
-        j += negated
-        value = words[j]
-        if value.startswith("@"):
-            if value.startswith("@affinity-"):
+    def _holds(self, e: Expr, step: str, packet: Packet, f: Flow) -> bool:
+        """Whether the packet passes ``e`` (a statement always does)."""
+        if isinstance(e, Ct):
+            if (e.what, e.value) == ("state", "new"):
+                return True
+            if (e.what, e.value) == ("status", "dnat"):
+                return f.dnat
+            raise TraceError(f"trace cannot follow {e.text} in: {step}")
+        if isinstance(e, Fib):
+            return self.is_local(f.dst if e.which == "daddr" else packet.src)
+        if isinstance(e, MarkTest):
+            return f.mark & int(e.mask, 0) != 0
+        if not isinstance(e, Match):
+            return True
+        key = self._keys(e.keys, packet, f)
+        if isinstance(e.value, SetRef):
+            if e.value.name.startswith("affinity-"):
                 f.notes.append(AFFINITY_NOTE)
-            found, j = self._lookup(value[1:], key) is not None, j + 1
-        elif value == "{":
-            end = words.index("}", j)
-            found = any(_in(ipaddress.ip_address(key[0]), v)
-                        for v in words[j + 1 : end] if v != ",")  # fmt: skip
-            j = end + 1
+            found = self._lookup(e.value.name, key)[0]
+        elif isinstance(e.value, AnonSet):
+            found = any(_in(ipaddress.ip_address(key[0]), v) for v in e.value.values)
+        elif e.keys == ("meta l4proto",):
+            found = key[0] == e.value
         else:
-            found, j = _in(ipaddress.ip_address(key[0]), value), j + 1
-        return j if found != negated else NO_MATCH
+            found = _in(ipaddress.ip_address(key[0]), e.value)
+        return found != e.negated
 
-    def _statement(self, words: list[str], i: int, rule: str, packet: Packet,
-                   f: Flow) -> tuple[list[tuple[Flow, str]] | None, int]:  # fmt: skip
-        """The statement at ``words[i]``: (the branches, when it ends the rule, else None;
-        the index after it)."""
-        w, rest = words[i], words[i:]
-        if rest[:4] in (["mark", "set", "mark", "or"], ["mark", "set", "mark", "xor"]):
-            _matched(f, rule)
-            value = int(words[i + 4], 0)
-            f.mark = f.mark | value if rest[3] == "or" else f.mark ^ value
-            return None, i + 5
-        if w == "update":
-            return None, words.index("}", i) + 1
-        if w in ("ip", "ip6", "meta", "th"):  # key vmap @map
-            key, j = self._key_at(words, i, packet, f)
-            verdict = self._lookup(words[j + 1].lstrip("@"), key)
+    def _statement(self, e: Expr, step: str, packet: Packet,
+                   f: Flow) -> list[tuple[Flow, str]] | None:  # fmt: skip
+        """The branches when ``e`` ends the rule, else None (after any change it makes)."""
+        if isinstance(e, (Match, Ct, Fib, MarkTest, Counter, Update)):
+            return None
+        if isinstance(e, SetMark):
+            _matched(f, step)
+            value = int(e.value, 0)
+            f.mark = f.mark | value if e.op == "or" else f.mark ^ value
+            return None
+        if isinstance(e, Vmap):
+            key = self._keys(e.keys, packet, f)
+            verdict = self._lookup(e.map, key)[1]
             if verdict is None:
-                return [(f, "")], j + 2
-            f.steps.append(f"{rule}  [element {' . '.join(key)} : {verdict}]")
-            return [(f, verdict)], j + 2
-        if w in ("jump", "goto"):
-            return [(_matched(f, rule), f"{w} {words[i + 1]}")], i + 2
-        if w in ("accept", "drop", "reject", "return"):
-            return [(_matched(f, rule), w)], i + 1
-        if w == "masquerade":
-            _matched(f, rule).masquerade = True
-            return [(f, "masquerade")], i + 1
-        if w == "numgen":
-            if words[i + 4] != "vmap":
-                raise TraceError(f"trace cannot follow numgen {words[i + 4]} in: {rule}")
-            n, end = int(words[i + 3]), words.index("}", i)
-            branches = []
-            for pair in " ".join(words[i + 6 : end]).split(" , "):
-                g = _matched(f, rule).fork(f.probability / n)
-                g.steps[-1] += f"  [{pair}]"
-                branches.append((g, pair.partition(" : ")[2]))
-            return branches, end + 1
-        if w == "dnat":
-            return self._dnat(words[i:], rule, _matched(f, rule)), len(words)
-        raise TraceError(f"trace cannot follow {w!r} in: {rule}")
+                return [(f, "")]
+            f.steps.append(f"{step}  [element {' . '.join(key)} : {verdict.text}]")
+            return [(f, verdict.text)]
+        if isinstance(e, Verdict):
+            return [(_matched(f, step), e.text)]
+        if isinstance(e, Masquerade):
+            _matched(f, step).masquerade = True
+            return [(f, "masquerade")]
+        if isinstance(e, NumgenVmap):
+            n, branches = len(e.verdicts), []
+            for i, v in enumerate(e.verdicts):
+                g = _matched(f, step).fork(f.probability / n)
+                g.steps[-1] += f"  [{i} : {v.text}]"
+                branches.append((g, v.text))
+            return branches
+        if isinstance(e, Dnat):
+            return self._dnat(e, _matched(f, step))
+        raise TraceError(f"trace cannot follow {e.text!r} in: {step}")
 
-    def _dnat(self, words: list[str], rule: str, f: Flow) -> list[tuple[Flow, str]]:
-        if words[1] == "to":
-            targets = [words[2]]
-        elif words[2:6] == ["addr", ".", "port", "to"] and words[6] == "numgen":
-            end = words.index("}")
-            pairs = " ".join(words[12:end]).split(" , ")
-            targets = [":".join(p.partition(" : ")[2].split(" . ")) for p in pairs]
-        else:
-            raise TraceError(f"trace cannot follow this dnat: {rule}")
+    def _dnat(self, e: Dnat, f: Flow) -> list[tuple[Flow, str]]:
         out = []
-        for t in targets:
-            g = f.fork(f.probability / len(targets))
-            host, _, port = t.rpartition(":")
-            g.dst, g.port = ipaddress.ip_address(host.strip("[]")), int(port)
+        for addr, port in e.targets:
+            g = f.fork(f.probability / len(e.targets))
+            g.dst, g.port = ipaddress.ip_address(addr), port
             g.dnat, g.verdict = True, DNAT
-            if len(targets) > 1:
-                g.steps[-1] += f"  [-> {t}]"
+            if len(e.targets) > 1:
+                host = f"[{addr}]" if ":" in addr else addr
+                g.steps[-1] += f"  [-> {host}:{port}]"
             out.append((g, "dnat"))
         return out
 
@@ -312,10 +265,10 @@ class Walker:
         return [outcome(f) for f in flows]
 
 
-def _matched(f: Flow, rule: str) -> Flow:
-    """Record ``rule`` as matched, once."""
-    if not f.steps or f.steps[-1] != rule:
-        f.steps.append(rule)
+def _matched(f: Flow, step: str) -> Flow:
+    """Record the rule as matched, once."""
+    if not f.steps or f.steps[-1] != step:
+        f.steps.append(step)
     return f
 
 
