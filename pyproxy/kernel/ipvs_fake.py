@@ -85,8 +85,8 @@ class FakeIpvs(Ipvs):
         return {d: Dest(w, *self._k.connections.get((key, d), (0, 0))) for d, w in vs.dests.items()}
 
     def statistics(self) -> dict[VSKey, tuple[Stats, dict[DestKey, Stats]]]:
-        return {k: (Stats(), {d: Stats() for d in vs.dests}) for k, vs in
-                self._k.virtual_servers.items()}  # fmt: skip
+        return {k: (self._k.stats.get(k, Stats()), {d: Stats() for d in vs.dests})
+                for k, vs in self._k.virtual_servers.items()}  # fmt: skip
 
     def _vs(self, key: VSKey) -> _VirtualServer:
         vs = self._k.virtual_servers.get(key)
@@ -168,6 +168,8 @@ class FakeIpvsKernel(IpvsKernel):
         self.local = [ipaddress.ip_address(a) for a in local]
         self.connections: dict[tuple[VSKey, DestKey], tuple[int, int]] = {}
         """(active, inactive) connections of a real server, as a test sets them."""
+        self.stats: dict[VSKey, Stats] = {}
+        """A virtual server's counters, as a test sets them."""
 
     def ipvs(self) -> Ipvs:
         return FakeIpvs(self)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from pyproxy.backends.base import ServiceTraffic
 from pyproxy.backends.ipvs.backend import IpvsBackend
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.kernel.iptables_fake import FakeIptables
+from pyproxy.kernel.ipvs import Stats
 from pyproxy.kernel.ipvs_fake import FakeIpvsKernel
 from pyproxy.model.events import Event, EventType
 from pyproxy.model.types import IPFamily
@@ -120,3 +122,17 @@ def test_a_virtual_server_two_services_claim_follows_the_last_in_name_order() ->
                                                               ("10.1.0.2", 8080): 1}  # fmt: skip
     assert held(k) == kernel(list(objs.values()))
     assert syncer.stats.full_syncs == 1
+
+
+def test_service_traffic_sums_a_service_ports_virtual_servers() -> None:
+    """A NodePort service's cluster IP and node-port virtual servers count for its one
+    service port; another service's are its own."""
+    k = FakeIpvsKernel()
+    b = backend(k)
+    Syncer(tracker_with("node-a", *START), b).sync()
+    k.stats[(6, "10.96.0.2", 80)] = Stats(connections=3, packets_in=10, bytes_in=1000)
+    k.stats[(6, "172.31.0.10", 30080)] = Stats(connections=2, packets_out=5, bytes_out=500)
+    k.stats[(6, "10.96.0.1", 80)] = Stats(connections=7)
+    traffic = b.service_traffic()
+    assert traffic["ns/b:http"] == ServiceTraffic(5, 15, 1500)
+    assert traffic["ns/a:http"] == ServiceTraffic(7, 0, 0)

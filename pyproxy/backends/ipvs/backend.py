@@ -284,7 +284,7 @@ class IpvsBackend(Backend):
         except (KeyError, RuntimeError):  # a sync changed the tables meanwhile
             raise BackendError("the IPVS tables changed while read; try again") from None
         return by_service_port(
-            (desired.comment.split(" ", 1)[0],  # the comment starts with the service port
+            (desired.service_port,
              ServiceTraffic(vs.connections, vs.packets_in + vs.packets_out,
                             vs.bytes_in + vs.bytes_out))
             for desired, vs in owned if desired is not None

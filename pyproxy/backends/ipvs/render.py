@@ -146,6 +146,8 @@ class VirtualServer:
     timeout: int
     dests: dict[DestKey, int]
     comment: str
+    service_port: str = ""
+    """The service port it serves (``ns/name:port``): what its statistics are counted for."""
 
 
 @dataclass
@@ -251,7 +253,7 @@ def _render_port(
 
     def vs(addr: str, port: int, dests: Iterable[Endpoint], what: str) -> None:
         d.services[(PROTO_NUM[svc.protocol], addr, port)] = VirtualServer(
-            cfg.scheduler, timeout, _dests(dests), f"{svc.name} {what}"
+            cfg.scheduler, timeout, _dests(dests), f"{svc.name} {what}", str(svc.name)
         )
 
     cip = str(svc.cluster_ip(cfg.family))
