@@ -28,6 +28,30 @@ class EndpointSelection:
     """True when the service has usable endpoints anywhere, not only on this node."""
     topology_mode: str = ""
     """Which hints narrowed ``cluster`` ("" when none did)."""
+    internal_local: bool = False
+    """Traffic to the cluster IP keeps to this node (internalTrafficPolicy: Local)."""
+    external_local: bool = False
+    """Traffic from outside keeps to this node (externalTrafficPolicy: Local)."""
+
+    @property
+    def internal(self) -> tuple[Endpoint, ...]:
+        """The endpoints traffic to the cluster IP goes to."""
+        return self.local if self.internal_local else self.cluster
+
+    @property
+    def external(self) -> tuple[Endpoint, ...]:
+        """The endpoints traffic from outside (NodePort, external and LB IPs) goes to."""
+        return self.local if self.external_local else self.cluster
+
+    @property
+    def has_internal(self) -> bool:
+        """Traffic to the cluster IP has somewhere to go here (else: refused, or dropped
+        when a Local policy has no endpoint on this node)."""
+        return self.has_any and (not self.internal_local or bool(self.local))
+
+    @property
+    def has_external(self) -> bool:
+        return self.has_any and (not self.external_local or bool(self.local))
 
 
 def _is_local(ep: Endpoint, node: NodeInfo) -> bool:
@@ -75,6 +99,7 @@ def categorize_endpoints(
 ) -> EndpointSelection:
     """Split ``endpoints`` of ``svc`` into the sets its traffic policies use on ``node``."""
     eps = tuple(endpoints)
+    policies = (svc.internal_policy_local, svc.external_policy_local)
     cluster: tuple[Endpoint, ...] = ()
     local: tuple[Endpoint, ...] = ()
     has_any = False
@@ -91,7 +116,7 @@ def categorize_endpoints(
         has_any = bool(cluster)
 
     if not svc.uses_local_endpoints:
-        return EndpointSelection(cluster, (), cluster, has_any, mode)
+        return EndpointSelection(cluster, (), cluster, has_any, mode, *policies)
 
     local_ready = False
     local_terminating = False
@@ -108,8 +133,8 @@ def categorize_endpoints(
         local = _pick(eps, lambda e: _is_local(e, node) and e.serving and e.terminating)
 
     if not svc.uses_cluster_endpoints:
-        return EndpointSelection((), local, local, has_any, mode)
+        return EndpointSelection((), local, local, has_any, mode, *policies)
 
     seen = set(cluster)
     union = cluster + tuple(e for e in local if e not in seen)
-    return EndpointSelection(cluster, local, union, has_any, mode)
+    return EndpointSelection(cluster, local, union, has_any, mode, *policies)

@@ -133,8 +133,8 @@ def explain_data(
         addrs += [f"NodePort {sp.node_port} on this node's addresses"] if sp.node_port else []
         addrs += [f"external IP {ip}" for ip in sp.external_ips]
         addrs += [f"load-balancer IP {ip}" for ip in sp.load_balancer_ips]
-        internal = sel.local if sp.internal_policy_local else sel.cluster
-        external = sel.local if sp.external_policy_local else sel.cluster
+        internal = sel.internal
+        external = sel.external
         used = set(sel.all_reachable)
         out.append({
             "name": str(sp.name), "protocol": sp.protocol.value, "port": sp.port,

@@ -207,14 +207,6 @@ class _Port:
         return self.svl_chain if self.sp.external_policy_local else self.svc_chain
 
     @property
-    def has_internal(self) -> bool:
-        return self.sel.has_any and (not self.sp.internal_policy_local or bool(self.sel.local))
-
-    @property
-    def has_external(self) -> bool:
-        return self.sel.has_any and (not self.sp.external_policy_local or bool(self.sel.local))
-
-    @property
     def uses_firewall(self) -> bool:
         sp = self.sp
         return (
@@ -244,7 +236,7 @@ def _add(table: Chains, rule: Rule) -> None:
 
 
 def _cluster_ip_lines(p: _Port, out: ServiceRender) -> None:
-    if p.has_internal:
+    if p.sel.has_internal:
         _add(
             out.top_nat,
             Rule(
@@ -268,7 +260,7 @@ def _external_ip_lines(p: _Port, out: ServiceRender) -> None:
                     KUBE_SERVICES, (*comment(f"{p.name} external IP"), *p.match(eip)), p.ext_chain
                 ),
             )
-        if not p.has_external:
+        if not p.sel.has_external:
             _add(
                 out.top_filter, Rule(KUBE_EXTERNAL_SERVICES, (*comment(why), *p.match(eip)), target)
             )
@@ -288,7 +280,7 @@ def _load_balancer_lines(p: _Port, out: ServiceRender) -> None:
         if p.uses_firewall:
             why = f"{p.name} traffic not accepted by {p.fw_chain}"
             _add(out.top_filter, Rule(KUBE_PROXY_FIREWALL, (*comment(why), *p.match(lbip)), "DROP"))
-    if not p.has_external:
+    if not p.sel.has_external:
         target, why = p.refusal()
         for lbip in p.sp.load_balancer_ips:
             _add(
@@ -303,7 +295,7 @@ def _node_port_lines(p: _Port, out: ServiceRender) -> None:
     port = dport(p.proto, p.sp.node_port)
     if p.sel.has_any:
         _add(out.top_nat, Rule(KUBE_NODEPORTS, (*comment(p.name), *port), p.ext_chain))
-    if not p.has_external:
+    if not p.sel.has_external:
         target, why = p.refusal()
         _add(
             out.top_filter,
@@ -344,7 +336,7 @@ def _external_chain(p: _Port, node: NodeFacts) -> list[Rule]:
         out.append(Rule(chain, (*comment(why), *local), KUBE_MARK_MASQ))
         why = f"route LOCAL traffic for {p.name} external destinations"
         out.append(Rule(chain, (*comment(why), *local), p.svc_chain))
-    if p.has_external:
+    if p.sel.has_external:
         out.append(Rule(chain, (), p.external_policy_chain))
     return out
 
@@ -370,7 +362,7 @@ def _service_chain(
     """KUBE-SVC-* / KUBE-SVL-*: masquerade off-cluster sources (internal chain only), the
     affinity checks, then one statistic rule per endpoint (writeServiceToEndpointRules)."""
     out: list[Rule] = []
-    if chain == p.internal_chain and p.has_internal:
+    if chain == p.internal_chain and p.sel.has_internal:
         match = (*comment(f"{p.name} cluster IP"), *p.match(p.cluster_ip))
         not_local = if_not_local(node.local_cidrs)
         if cfg.proxy.masquerade.all:
@@ -429,8 +421,8 @@ def render_port(
     p = _Port(sp, categorize_endpoints(sp, eps, node.node), cluster_ip, large)
     out = ServiceRender()
     if p.sel.has_any:
-        out.no_local_internal = int(not p.has_internal)
-        out.no_local_external = int(not p.has_external)
+        out.no_local_internal = int(not p.sel.has_internal)
+        out.no_local_external = int(not p.sel.has_external)
     for lines in (
         _cluster_ip_lines,
         _external_ip_lines,

@@ -244,11 +244,10 @@ def _render_port(
 ) -> None:
     sel = categorize_endpoints(svc, eps, node)
     timeout = svc.sticky_max_age_seconds if svc.session_affinity_client_ip else 0
-    internal = sel.local if svc.internal_policy_local else sel.cluster
-    external = sel.local if svc.external_policy_local else sel.cluster
-    if sel.has_any and svc.internal_policy_local and not sel.local:
+    internal, external = sel.internal, sel.external
+    if sel.has_any and not sel.has_internal:
         d.no_local_internal += 1
-    if sel.has_any and svc.external_policy_local and svc.externally_accessible and not sel.local:
+    if sel.has_any and svc.externally_accessible and not sel.has_external:
         d.no_local_external += 1
 
     def vs(addr: str, port: int, dests: Iterable[Endpoint], what: str) -> None:

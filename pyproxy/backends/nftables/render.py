@@ -215,14 +215,6 @@ class _Port:
         return bool(self.sel.local) and self.sp.uses_local_endpoints
 
     @property
-    def has_internal(self) -> bool:
-        return self.sel.has_any and (not self.sp.internal_policy_local or bool(self.sel.local))
-
-    @property
-    def has_external(self) -> bool:
-        return self.sel.has_any and (not self.sp.external_policy_local or bool(self.sel.local))
-
-    @property
     def internal_chain(self) -> str:
         return self.local_chain if self.sp.internal_policy_local else self.cluster_chain
 
@@ -244,7 +236,9 @@ class _Port:
         if not self.sel.has_any:
             return Verdict("goto", REJECT_CHAIN)
         return (
-            Verdict("drop") if not (self.has_internal if internal else self.has_external) else None
+            Verdict("drop")
+            if not (self.sel.has_internal if internal else self.sel.has_external)
+            else None
         )
 
     def key(self, addr: IPAddress) -> tuple[str, ...]:
@@ -265,7 +259,7 @@ def _address_elements(p: _Port, out: ServiceObjects) -> None:
     cip = sp.cluster_ip(p.cfg.family)
     assert cip is not None  # callers pass family views only
     out.elements.append(Element(CLUSTER_IPS, (str(cip),)))
-    if p.has_internal:
+    if p.sel.has_internal:
         out.elements.append(Element(SERVICE_IPS, p.key(cip), Verdict("goto", p.internal_chain)))
     else:
         out.elements.append(Element(NO_ENDPOINT_SERVICES, p.key(cip), p.refusal(True), name))
@@ -320,7 +314,7 @@ def _external_chain(p: _Port) -> list[Rule]:
         rules.append(Rule((Fib("saddr"), masquerade), "masquerade local traffic"))
         rules.append(Rule((Fib("saddr"), Verdict("goto", p.cluster_chain)),
                           "short-circuit local traffic"))  # fmt: skip
-    if p.has_external:
+    if p.sel.has_external:
         rules.append(Rule((Verdict("goto", p.external_policy_chain),)))
     return rules
 
@@ -380,8 +374,8 @@ def render_port(
     p = _Port(sp, categorize_endpoints(sp, eps, node.node), cfg, node)
     out = ServiceObjects()
     if p.sel.has_any:
-        out.no_local_internal = int(not p.has_internal)
-        out.no_local_external = int(sp.externally_accessible and not p.has_external)
+        out.no_local_internal = int(not p.sel.has_internal)
+        out.no_local_external = int(sp.externally_accessible and not p.sel.has_external)
     for contribute in (_address_elements, _node_port_elements, _hairpin_elements):
         contribute(p, out)
     _policy_chains(p, out)
