@@ -57,6 +57,8 @@ class FakeIptables(Iptables):
     """table -> chain -> its rules, each as ``iptables-save`` prints it without ``-A CHAIN``."""
     restores: list[str] = field(default_factory=list)
     """Every transaction taken, in order."""
+    counters: dict[tuple[str, str, int], tuple[int, int]] = field(default_factory=dict)
+    """(table, chain, rule index) -> (packets, bytes), as a test sets them; ``save -c``."""
 
     # ---- the port -----------------------------------------------------------------------
 
@@ -108,7 +110,13 @@ class FakeIptables(Iptables):
         builtin = BUILTIN.get(table, ())
         out = [f"*{table}"]
         out += [f":{c} {'ACCEPT' if c in builtin else '-'} [0:0]" for c in chains]
-        out += [rule_line(c, shlex.split(r)) for c, rules in chains.items() for r in rules]
+        for c, rules in chains.items():
+            for i, r in enumerate(rules):
+                line = rule_line(c, shlex.split(r))
+                if counters:
+                    packets, octets = self.counters.get((table, c, i), (0, 0))
+                    line = f"[{packets}:{octets}] {line}"
+                out.append(line)
         return "\n".join([*out, "COMMIT"]) + "\n"
 
     def chain_exists(self, table: str, chain: str) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from pyproxy.backends.base import ServiceTraffic
 from pyproxy.backends.iptables.backend import IptablesBackend
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.kernel.iptables_fake import FakeIptables
@@ -18,7 +19,7 @@ from pyproxy.model.events import Event, EventType
 from pyproxy.model.types import IPFamily
 from pyproxy.sync.syncer import Syncer
 from tests.helpers import tracker_with
-from tests.unit.sync_steps import START, STEPS, apply, key
+from tests.unit.sync_steps import START, STEPS, apply, eps, key, svc
 
 SERVICE_CHAINS = ("KUBE-SVC-", "KUBE-SVL-", "KUBE-SEP-", "KUBE-EXT-", "KUBE-FW-")
 
@@ -124,3 +125,25 @@ def test_the_rules_written_metric_counts_what_each_restore_adds() -> None:
         syncer.sync()
         written = _appended(ipt.restores[before])  # the jumps into the chains come after
         assert (last("filter"), last("nat")) == (written["filter"], written["nat"]), what
+
+
+def test_service_traffic_counts_chains_for_the_port_they_were_rendered_for() -> None:
+    """Above 1,000 endpoints upstream's rules carry no comments, so the kernel's listing does
+    not say which service an endpoint chain serves; the rendered rules do."""
+    ips = [f"10.2.{i // 250}.{i % 250 + 1}" for i in range(1001)]
+    objs = [svc("big", "10.96.1.1"), eps("big", ips), *START[1:3]]
+    ipt = FakeIptables()
+    b = backend(ipt)
+    Syncer(tracker_with("node-a", *objs), b).sync()
+    nat = ipt.tables["nat"]
+    assert not any("--comment" in r for c, rules in nat.items() if c.startswith("KUBE-SEP-")
+                   for r in rules)  # fmt: skip
+    big = [c for c in nat if c.startswith("KUBE-SEP-") and "10.2.0.1:8080" in nat[c][1]]
+    small = [c for c in nat if c.startswith("KUBE-SEP-") and "10.1.0.1:8080" in nat[c][1]]
+    assert len(big) == 1 and len(small) == 1
+    ipt.counters[("nat", big[0], 1)] = (4, 240)  # the DNAT rule, after the hairpin MARK
+    ipt.counters[("nat", big[0], 0)] = (9, 999)  # the hairpin rule: not a connection count
+    ipt.counters[("nat", small[0], 1)] = (2, 120)
+    traffic = b.service_traffic()
+    assert traffic["ns/big:http"] == ServiceTraffic(4, 4, 240)
+    assert traffic["ns/a:http"] == ServiceTraffic(2, 2, 120)

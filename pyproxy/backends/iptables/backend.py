@@ -62,7 +62,7 @@ from pyproxy.backends.metrics import FAMILY, RestoreFailures, SyncDurations
 from pyproxy.backends.sysctls import require_sysctls
 from pyproxy.backends.trace import Packet, Trace
 from pyproxy.backends.xtables.compare import compare as xtables_compare
-from pyproxy.backends.xtables.counters import parse
+from pyproxy.backends.xtables.counters import dnat_counts
 from pyproxy.backends.xtables.rules import KUBE_MARK_MASQ, KUBE_PROXY_CANARY
 from pyproxy.backends.xtables.tables import (
     DriftWatch,
@@ -206,16 +206,19 @@ class IptablesBackend(Backend):
 
     def service_traffic(self) -> dict[str, ServiceTraffic]:
         """The KUBE-SEP DNAT rules' counters: new connections (a connection's first packet is
-        the only one the nat table sees) and the bytes of those first packets."""
-        try:
-            saves = [fam.ipt.save("nat", counters=True) for fam in self.writers()]
-        except IptablesError as err:
-            raise BackendError(f"cannot read rule counters: {err}") from None
-        return by_service_port(
-            (name, ServiceTraffic(c.connections, c.connections, c.bytes))
-            for save in saves
-            for name, c in parse(save, "").items()
-        )
+        the only one the nat table sees) and the bytes of those first packets, each chain
+        counted for the service port pyproxy rendered it for."""
+        counted: list[tuple[str, ServiceTraffic]] = []
+        for fam in self.writers():
+            programmed = self.programmed(fam.family)
+            owners = programmed.counted_chains() if programmed else {}
+            try:
+                counts = dnat_counts(fam.ipt.save("nat", counters=True))
+            except IptablesError as err:
+                raise BackendError(f"cannot read rule counters: {err}") from None
+            counted += [(owners[chain], ServiceTraffic(n, n, b))
+                        for chain, (n, b) in counts.items() if chain in owners]  # fmt: skip
+        return by_service_port(counted)
 
     # ---- sync -----------------------------------------------------------------------------
 

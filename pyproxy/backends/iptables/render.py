@@ -143,6 +143,9 @@ class ServiceRender:
     """Own nat chains (SVC/SVL/EXT/FW/SEP) in write order, each with its rules."""
     kinds: dict[str, str] = field(default_factory=dict)
     """Own chain -> its kind (``names.SEP``, ...), the order a batched full sync writes in."""
+    counted: dict[str, str] = field(default_factory=dict)
+    """Endpoint chain -> the service port whose connections its DNAT rule counts (upstream
+    leaves the comment that would say so out of large tables)."""
     no_local_internal: int = 0
     no_local_external: int = 0
 
@@ -153,6 +156,7 @@ class ServiceRender:
                 dst.setdefault(chain, []).extend(lines)
         self.chains.update(other.chains)
         self.kinds.update(other.kinds)
+        self.counted.update(other.counted)
         self.no_local_internal += other.no_local_internal
         self.no_local_external += other.no_local_external
 
@@ -446,6 +450,7 @@ def render_port(
         own(names.SVL, p.svl_chain, _service_chain(p, p.svl_chain, p.sel.local, node, cfg))
     for ep in p.sel.all_reachable:
         own(names.SEP, p.sep_chains[ep], _endpoint_chain(p, ep))
+        out.counted[p.sep_chains[ep]] = p.name
     return out
 
 

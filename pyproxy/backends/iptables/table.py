@@ -117,6 +117,11 @@ class Rendered(ServiceTable[ServiceRender]):
     def filter_chain_names(self) -> tuple[str, ...]:
         return FILTER_TOP + ((KUBE_FIREWALL,) if self.cfg.localhost_enabled else ())
 
+    def counted_chains(self) -> dict[str, str]:
+        """Endpoint chain -> the service port its DNAT rule counts."""
+        entries = list(self.entries.values())  # one step: a sync may change them meanwhile
+        return {c: port for e in entries for c, port in e.objects.counted.items()}
+
     def service_chains(self) -> set[str]:
         return {c for e in self.entries.values() for c in e.objects.chains}
 

@@ -30,6 +30,18 @@ class ServiceCounters:
         return sum(b for _, b in self.endpoints.values())
 
 
+def dnat_counts(nat: str) -> dict[str, tuple[int, int]]:
+    """Endpoint chain -> (connections, bytes) its DNAT rule counted, from ``iptables-save
+    -c`` text of nat: what the daemon attributes through the chains it rendered."""
+    out: dict[str, tuple[int, int]] = {}
+    for line in nat.splitlines():
+        m = _COUNTED.match(line)
+        if m and m.group(3).startswith("KUBE-SEP-") and _DEST.search(m.group(4)):
+            packets, octets = out.get(m.group(3), (0, 0))
+            out[m.group(3)] = (packets + int(m.group(1)), octets + int(m.group(2)))
+    return out
+
+
 def parse(nat: str, filt: str) -> dict[str, ServiceCounters]:
     """Counters per service port name, from ``iptables-save -c`` text of nat and filter."""
     out: dict[str, ServiceCounters] = defaultdict(ServiceCounters)
