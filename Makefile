@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 DEBS   := iptables ipset conntrack nftables iproute2 ipvsadm user-mode-linux procps kmod \
           buildah debootstrap runc containernetworking-plugins openssl busybox-static
 
-.PHONY: install debs test unit lint e2e bench bench-quick demo cluster cluster-down clean \
+.PHONY: install debs test unit lint e2e bench bench-quick soak demo cluster cluster-down clean \
         real-build real-cluster real-smoke conformance
 
 install: debs $(BIN)/pyproxy
@@ -45,6 +45,13 @@ bench: $(BIN)/pyproxy
 bench-quick: $(BIN)/pyproxy
 	tests/cluster/build.sh
 	$(BIN)/python -m tests.bench.side_by_side --quick
+
+# An hour of one endpoint change a second at 10,000 services (iptables mode): RSS every 10
+# minutes. Not in CI.
+soak: $(BIN)/pyproxy
+	tests/cluster/build.sh
+	$(BIN)/python -m tests.bench.side_by_side --sizes 10000 --modes iptables --proxies pyproxy \
+		--repeats 1 --churn-seconds 3600 --out tests/bench/results/soak
 
 demo: $(BIN)/pyproxy
 	$(BIN)/python -m tests.demo

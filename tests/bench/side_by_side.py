@@ -138,12 +138,17 @@ def steady_churn(p: Proxy, cluster: Cluster, n: int, seconds: float) -> dict[str
     of one core, and its resident memory before and after."""
     settle()
     rss0, cpu0, t0 = p.rss_mb(), p.cpu_seconds(children=True), time.monotonic()
+    out: dict[str, float] = {"churn_rss_before_mb": rss0}
     for k in range(int(seconds)):
         objects.change_endpoints(cluster, [random.randrange(n)], M, next(GENERATIONS))
         time.sleep(max(0.0, t0 + k + 1 - time.monotonic()))  # the pace: one a second
+        if (k + 1) % 600 == 0:  # a soak: RSS every 10 minutes, the first kept as its base
+            out.setdefault("churn_rss_10min_mb", p.rss_mb())
+            progress(f"  {p.name}: {(k + 1) // 60} min of churn, RSS {p.rss_mb():.0f} MB")
     cpu = p.cpu_seconds(children=True) - cpu0
-    return {"churn_cpu_pct": 100 * cpu / (time.monotonic() - t0), "churn_rss_before_mb": rss0,
-            "churn_rss_after_mb": p.rss_mb()}  # fmt: skip
+    out["churn_cpu_pct"] = 100 * cpu / (time.monotonic() - t0)
+    out["churn_rss_after_mb"] = p.rss_mb()
+    return out
 
 
 def idle_resync(p: Proxy) -> float | None:
