@@ -264,7 +264,10 @@ class IpSets:
             kw["bitmap_ports_range"] = BITMAP_PORTS
         else:
             kw["family"] = family
-        self.sock.create(name, stype=stype, **kw)
+        try:
+            self.sock.create(name, stype=stype, **kw)
+        except NetlinkError as err:
+            raise IpvsError(f"create ipset {name} ({stype}): {err}") from None
 
     def members(self, name: str, stype: str) -> set[Entry]:
         parts = stype.split(":", 1)[1].split(",")
@@ -303,8 +306,13 @@ class IpSets:
         return out
 
     def add(self, name: str, stype: str, entry: Entry) -> None:
-        e, etype = _to_pyroute2(stype, entry)
-        self.sock.add(name, e, etype=etype, exclusive=False, family=_entry_family(entry))
+        """A refused member is an IpvsError, as every other refusal of this port, so the
+        engine falls back to a full sync instead of the error escaping the sync."""
+        try:
+            e, etype = _to_pyroute2(stype, entry)
+            self.sock.add(name, e, etype=etype, exclusive=False, family=_entry_family(entry))
+        except (NetlinkError, ValueError, KeyError) as err:
+            raise IpvsError(f"add {entry} to ipset {name}: {err or type(err).__name__}") from None
 
     def delete(self, name: str, stype: str, entry: Entry) -> None:
         e, etype = _to_pyroute2(stype, entry)

@@ -10,7 +10,7 @@ REASON = unavailable()
 
 
 @pytest.mark.skipif(REASON is not None, reason=str(REASON))
-@pytest.mark.timeout(900)  # the guest's own run is bounded at 900 s: boot, then 15 tests
+@pytest.mark.timeout(900)  # the guest's own run is bounded at 900 s: boot, then its tests
 def test_ipvs_mode_in_user_mode_linux() -> None:
     res = run("python -m pytest -q -rs -p no:cacheprovider tests/ipvs_guest", timeout=900)
     print(res.output)

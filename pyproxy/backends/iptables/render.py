@@ -20,13 +20,14 @@ from functools import cached_property
 from pyproxy.backends.iptables import names
 from pyproxy.backends.xtables.rule import (
     Match,
-    Module,
     Part,
     Rule,
     addrtype,
     comment,
     ctstate,
     dport,
+    fixed,
+    module,
 )
 from pyproxy.backends.xtables.rules import (
     KUBE_FORWARD,
@@ -198,9 +199,14 @@ class _Port:
     def sep_chains(self) -> dict[Endpoint, str]:
         return {ep: names.endpoint_chain(self.sp.name, ep) for ep in self.sel.all_reachable}
 
-    @property
+    @cached_property
     def proto(self) -> str:
         return self.sp.protocol.value.lower()
+
+    @cached_property
+    def named(self) -> tuple[Part, ...]:
+        """The comment naming the service port, one object shared by all its rules."""
+        return comment(self.name)
 
     @property
     def internal_chain(self) -> str:
@@ -298,7 +304,7 @@ def _node_port_lines(p: _Port, out: ServiceRender) -> None:
         return
     port = dport(p.proto, p.sp.node_port)
     if p.sel.has_any:
-        _add(out.top_nat, Rule(KUBE_NODEPORTS, (*comment(p.name), *port), p.ext_chain))
+        _add(out.top_nat, Rule(KUBE_NODEPORTS, (*p.named, *port), p.ext_chain))
     if not p.sel.has_external:
         target, why = p.refusal()
         _add(
@@ -377,19 +383,19 @@ def _service_chain(
         for ep in eps:
             sep = p.sep_chains[ep]
             recent = (
-                Module("recent"),
+                module("recent"),
                 Match("--name", sep),
-                Match("--rcheck"),
-                Match("--seconds", str(p.sp.sticky_max_age_seconds)),
-                Match("--reap"),
+                fixed("--rcheck"),
+                fixed("--seconds", str(p.sp.sticky_max_age_seconds)),
+                fixed("--reap"),
             )
             out.append(Rule(chain, (*_ep_comment(p, ep), *recent), sep))  # fmt: skip
     n = len(eps)
     for i, ep in enumerate(eps):
         statistic: tuple[Part, ...] = ()
         if i < n - 1:
-            statistic = (Module("statistic"), Match("--mode", "random"),
-                         Match("--probability", _probability(n - i)))  # fmt: skip
+            statistic = (module("statistic"), fixed("--mode", "random"),
+                         fixed("--probability", _probability(n - i)))  # fmt: skip
         out.append(Rule(chain, (*_ep_comment(p, ep), *statistic), p.sep_chains[ep]))
     return out
 
@@ -401,13 +407,13 @@ def _ep_comment(p: _Port, ep: Endpoint) -> tuple[Part, ...]:
 def _endpoint_chain(p: _Port, ep: Endpoint) -> list[Rule]:
     """KUBE-SEP-*: masquerade hairpin traffic, remember the client for affinity, DNAT."""
     chain = p.sep_chains[ep]
-    named = () if p.large else comment(p.name)
+    named = () if p.large else p.named
     affinity: tuple[Part, ...] = ()
     if p.sp.session_affinity_client_ip:
-        affinity = (Module("recent"), Match("--name", chain), Match("--set"))
+        affinity = (module("recent"), Match("--name", chain), fixed("--set"))
     return [
         Rule(chain, (*named, Match("-s", str(ep.ip))), KUBE_MARK_MASQ),
-        Rule(chain, (*named, *affinity, Module(p.proto), Match("-p", p.proto)), "DNAT",
+        Rule(chain, (*named, *affinity, module(p.proto), fixed("-p", p.proto)), "DNAT",
              (("--to-destination", str(ep)),)),
     ]  # fmt: skip
 

@@ -7,7 +7,7 @@ the writer fills in the port the relay got. Pure: nothing here touches the kerne
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from pyproxy.backends.engine.cache import Entry, ServiceCache, ServiceTable
 from pyproxy.backends.relay import PortSpec
@@ -127,7 +127,7 @@ class UserspaceTable(ServiceTable[ServiceRules]):
                     out["nat"] += p.redirect
                 else:
                     to = (("--to-ports", str(ports[p.key])),)
-                    out["nat"] += [replace(r, target_args=to) for r in p.redirect]
+                    out["nat"] += [r._replace(target_args=to) for r in p.redirect]
         return out
 
     def chains(self, ports: Mapping[str, int] | None) -> dict[str, dict[str, list[Rule]]]:
