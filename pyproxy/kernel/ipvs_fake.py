@@ -4,9 +4,9 @@ refuses (ip_vs_ctl.c, ip_set_core.c): adding a virtual server or a real server t
 (EEXIST), changing or deleting one that does not (ESRCH, ENOENT), an unknown scheduler, an
 ipset member for a set that does not exist, of the wrong shape for the set's type or of the
 wrong address family, and addresses on a link that does not exist. This machine's kernel has
-no IPVS, so unlike the nft and xtables fakes these refusals are taken from the kernel's
-source, not measured here; the user-mode Linux suite (``tests/ipvs_guest``) runs the same
-mode on a real IPVS.
+no IPVS, so the list these refusals are held to (``tests/ipvs_refusals.py``) is run against a
+real IPVS in the user-mode Linux guest (``tests/ipvs_guest/test_ipvs_refusals.py``), which
+also runs the whole mode.
 
 Tests can set a real server's connection counts (``connections``) to drive draining.
 """

@@ -1,8 +1,8 @@
 """IPVS mode against the checking fakes of its kernel ports (IPVS, ipsets and addresses;
 xtables): every call a sync makes must be one the kernel takes, and after any run of partial
 syncs the fakes hold what one full sync of the same objects writes into an empty kernel. The
-IPVS fake's refusals come from the kernel's source (this kernel has no IPVS); the user-mode
-Linux suite runs the same mode on a real one."""
+IPVS fake refuses what the real IPVS of the user-mode Linux guest refuses (this kernel has
+none; ``tests/ipvs_refusals.py``), and the guest runs the same mode on it."""
 
 from __future__ import annotations
 
