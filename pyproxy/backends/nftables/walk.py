@@ -13,6 +13,7 @@ import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from pyproxy.backends.nftables import names
 from pyproxy.backends.nftables.rule import (
     AnonSet,
     Counter,
@@ -145,7 +146,7 @@ class Walker:
             return True
         key = self._keys(e.keys, packet, f)
         if isinstance(e.value, SetRef):
-            if e.value.name.startswith("affinity-"):
+            if names.is_affinity_set(e.value.name):
                 f.notes.append(AFFINITY_NOTE)
             found = self._lookup(e.value.name, key)[0]
         elif isinstance(e.value, AnonSet):
