@@ -9,7 +9,9 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 
-from pyproxy.kernel.ipvs import IpSets, Ipvs, Service
+import pytest
+
+from pyproxy.kernel.ipvs import IpSets, Ipvs, IpvsError, Service
 
 VS = (6, "10.255.0.1", 80)
 OTHER = (6, "10.255.0.2", 80)
@@ -38,6 +40,16 @@ def teardown(ipvs: Ipvs, sets: IpSets) -> None:
             ipvs.delete_service(key)
     for name in SETS:
         sets.destroy(name)
+
+
+def check(ipvs: Ipvs, sets: IpSets, op: Op, refused: bool) -> None:
+    """After the set-up: ``op`` raises IpvsError when ``refused``, and is taken otherwise."""
+    setup(ipvs, sets)
+    if refused:
+        with pytest.raises(IpvsError):
+            op(ipvs, sets)
+    else:
+        op(ipvs, sets)
 
 
 def _ipport(entry: tuple[str | int, ...]) -> Op:

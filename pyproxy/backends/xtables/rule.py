@@ -20,7 +20,7 @@ class Module(NamedTuple):
 
     name: str
 
-    def words(self, quoted: bool) -> list[str]:
+    def words(self) -> list[str]:
         return ["-m", self.name]
 
 
@@ -32,11 +32,9 @@ class Match(NamedTuple):
     value: str = ""
     negated: bool = False
 
-    def words(self, quoted: bool) -> list[str]:
+    def words(self) -> list[str]:
         out = ["!", self.option] if self.negated else [self.option]
-        if self.option == "--comment":
-            out.append(quote(self.value) if quoted else self.value)
-        elif self.option == "--match-set":
+        if self.option == "--match-set":
             out += self.value.split(" ")
         elif self.value:
             out.append(self.value)
@@ -62,11 +60,12 @@ class Rule(NamedTuple):
     def matches(self) -> Iterable[Match]:
         return (p for p in self.parts if isinstance(p, Match))
 
-    def argv(self, quoted: bool = False) -> list[str]:
-        """Everything after the chain: quoted for restore input, not for an argument vector."""
+    def argv(self) -> list[str]:
+        """Everything after the chain as an argument vector (``iptables -I``): nothing quoted.
+        Restore text is ``spec``."""
         out: list[str] = []
         for p in self.parts:
-            out += p.words(quoted)
+            out += p.words()
         if self.target:
             out += ["-g" if self.goto else "-j", self.target]
         for option, value in self.target_args:
