@@ -23,11 +23,11 @@ def test_a_service_rule_reads_as_upstreams() -> None:
 def test_negation_target_arguments_and_flags() -> None:
     rule = Rule("KUBE-POSTROUTING", (Match("-s", "10.0.0.0/8", negated=True),
                                      *ctstate("INVALID", negated=True)),
-                "MASQUERADE", (("--random-fully", ""),))  # fmt: skip
+                "MASQUERADE", ("--random-fully",))  # fmt: skip
     assert rule.text == ("-A KUBE-POSTROUTING ! -s 10.0.0.0/8 -m conntrack ! --ctstate INVALID "
                          "-j MASQUERADE --random-fully")  # fmt: skip
     dnat = Rule("KUBE-SEP-A", (Module("recent"), Match("--name", "KUBE-SEP-A"), Match("--set")),
-                "DNAT", (("--to-destination", "10.180.0.1:80"),))  # fmt: skip
+                "DNAT", ("--to-destination", "10.180.0.1:80"))  # fmt: skip
     assert dnat.spec == ("-m recent --name KUBE-SEP-A --set -j DNAT "
                          "--to-destination 10.180.0.1:80")  # fmt: skip
 

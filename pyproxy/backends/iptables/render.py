@@ -13,11 +13,13 @@ here reads the kernel.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from pyproxy.backends.iptables import names
+from pyproxy.backends.iptables.endpoint_chain import EndpointChain, EndpointRules
 from pyproxy.backends.xtables.rule import (
     Match,
     Part,
@@ -134,21 +136,28 @@ class NodeFacts:
     nodeport_ips: tuple[IPAddress, ...] | None
 
 
-@dataclass
+@dataclass(slots=True)
 class ServiceRender:
     """Everything one service contributes, split into top-level lines and own chains."""
 
     top_filter: dict[str, list[Rule]] = field(default_factory=dict)
     top_nat: dict[str, list[Rule]] = field(default_factory=dict)
-    chains: dict[str, list[Rule]] = field(default_factory=dict)
-    """Own nat chains (SVC/SVL/EXT/FW/SEP) in write order, each with its rules."""
+    chains: dict[str, Sequence[Rule]] = field(default_factory=dict)
+    """Own nat chains (SVC/SVL/EXT/FW/SEP) in write order, each with its rules (an endpoint
+    chain's made when read: ``EndpointChain``)."""
     kinds: dict[str, str] = field(default_factory=dict)
-    """Own chain -> its kind (``names.SEP``, ...), the order a batched full sync writes in."""
-    counted: dict[str, str] = field(default_factory=dict)
-    """Endpoint chain -> the service port whose connections its DNAT rule counts (upstream
-    leaves the comment that would say so out of large tables)."""
+    """Own chain -> its kind (``names.SVC``, ...), for every chain but the endpoint chains,
+    which are listed by port in ``counted`` (a large table has one per endpoint)."""
+    counted: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Service port -> its endpoint chains, whose DNAT rules count its connections
+    (upstream leaves the comment that would say so out of large tables)."""
     no_local_internal: int = 0
     no_local_external: int = 0
+
+    def kind(self, chain: str) -> str:
+        """The kind of one of this service's own chains: the order a batched full sync
+        writes in."""
+        return self.kinds.get(chain, names.SEP)
 
     def merge(self, other: ServiceRender) -> None:
         """Add another port of the same service: one partial-sync unit per service."""
@@ -207,6 +216,12 @@ class _Port:
     def named(self) -> tuple[Part, ...]:
         """The comment naming the service port, one object shared by all its rules."""
         return comment(self.name)
+
+    @cached_property
+    def endpoint_rules(self) -> EndpointRules:
+        """What the port's endpoint chains share (no comment in a large table)."""
+        named = () if self.large else self.named
+        return EndpointRules(named, self.proto, self.sp.session_affinity_client_ip)
 
     @property
     def internal_chain(self) -> str:
@@ -392,30 +407,26 @@ def _service_chain(
             out.append(Rule(chain, (*_ep_comment(p, ep), *recent), sep))  # fmt: skip
     n = len(eps)
     for i, ep in enumerate(eps):
-        statistic: tuple[Part, ...] = ()
-        if i < n - 1:
-            statistic = (module("statistic"), fixed("--mode", "random"),
-                         fixed("--probability", _probability(n - i)))  # fmt: skip
-        out.append(Rule(chain, (*_ep_comment(p, ep), *statistic), p.sep_chains[ep]))
+        statistic = _statistic(n - i) if i < n - 1 else ()
+        parts = statistic if p.large else (*_ep_comment(p, ep), *statistic)
+        out.append(Rule(chain, parts, p.sep_chains[ep]))
     return out
+
+
+@functools.cache
+def _statistic(n: int) -> tuple[Part, ...]:
+    """Pick this one of the ``n`` endpoints left: one tuple per ``n``, shared by every
+    service's rules (large tables carry no per-endpoint comment)."""
+    return (module("statistic"), fixed("--mode", "random"), fixed("--probability", _probability(n)))
 
 
 def _ep_comment(p: _Port, ep: Endpoint) -> tuple[Part, ...]:
     return () if p.large else comment(f"{p.name} -> {ep}")
 
 
-def _endpoint_chain(p: _Port, ep: Endpoint) -> list[Rule]:
+def _endpoint_chain(p: _Port, ep: Endpoint) -> EndpointChain:
     """KUBE-SEP-*: masquerade hairpin traffic, remember the client for affinity, DNAT."""
-    chain = p.sep_chains[ep]
-    named = () if p.large else p.named
-    affinity: tuple[Part, ...] = ()
-    if p.sp.session_affinity_client_ip:
-        affinity = (module("recent"), Match("--name", chain), fixed("--set"))
-    return [
-        Rule(chain, (*named, Match("-s", str(ep.ip))), KUBE_MARK_MASQ),
-        Rule(chain, (*named, *affinity, module(p.proto), fixed("-p", p.proto)), "DNAT",
-             (("--to-destination", str(ep)),)),
-    ]  # fmt: skip
+    return EndpointChain(p.endpoint_rules, p.sep_chains[ep], str(ep.ip), str(ep))
 
 
 def _probability(n: int) -> str:
@@ -455,8 +466,9 @@ def render_port(
     if p.sel.local and sp.uses_local_endpoints:
         own(names.SVL, p.svl_chain, _service_chain(p, p.svl_chain, p.sel.local, node, cfg))
     for ep in p.sel.all_reachable:
-        own(names.SEP, p.sep_chains[ep], _endpoint_chain(p, ep))
-        out.counted[p.sep_chains[ep]] = p.name
+        out.chains[p.sep_chains[ep]] = _endpoint_chain(p, ep)
+    if p.sep_chains:
+        out.counted[p.name] = tuple(p.sep_chains.values())
     return out
 
 
@@ -514,6 +526,8 @@ def render_service(
     large: bool,
 ) -> ServiceRender:
     """All ports of one service (family views), the unit a partial sync rewrites."""
+    if len(ports) == 1:
+        return render_port(ports[0], eps[0], node, cfg, large)
     out = ServiceRender()
     for sp, endpoints in zip(ports, eps, strict=True):
         out.merge(render_port(sp, endpoints, node, cfg, large))

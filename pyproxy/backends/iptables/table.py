@@ -13,12 +13,13 @@ NodePort tail rule of KUBE-SERVICES stays last.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from pyproxy.backends.engine.cache import Entry, ServiceCache, ServiceTable
 from pyproxy.backends.iptables import names
+from pyproxy.backends.iptables.endpoint_chain import lines as chain_lines
 from pyproxy.backends.iptables.render import (
     FILTER_TOP,
     KUBE_FIREWALL,
@@ -65,6 +66,9 @@ class Restore(NamedTuple):
 
 
 Updates = Mapping[NamespacedName, ServiceEntry | None]
+
+OwnChains = list[tuple[str, Sequence[Rule]]]
+"""Services' own chains with their rules, in the order a transaction writes them."""
 
 
 def _rule_counts(r: ServiceRender) -> Counter[str]:
@@ -120,7 +124,9 @@ class Rendered(ServiceTable[ServiceRender]):
     def counted_chains(self) -> dict[str, str]:
         """Endpoint chain -> the service port its DNAT rule counts."""
         entries = list(self.entries.values())  # one step: a sync may change them meanwhile
-        return {c: port for e in entries for c, port in e.objects.counted.items()}
+        return {
+            c: port for e in entries for port, chains in e.objects.counted.items() for c in chains
+        }
 
     def service_chains(self) -> set[str]:
         return {c for e in self.entries.values() for c in e.objects.chains}
@@ -140,12 +146,12 @@ class Rendered(ServiceTable[ServiceRender]):
             out[KUBE_SERVICES] += self.tail
         return out
 
-    def tables(self) -> dict[str, Chains]:
+    def tables(self) -> dict[str, dict[str, Sequence[Rule]]]:
         """table -> chain -> rules, every chain pyproxy writes (what ``trace`` walks)."""
-        nat = self.top("nat")
+        nat: dict[str, Sequence[Rule]] = dict(self.top("nat"))
         for r in self._ordered():
             nat.update(r.chains)
-        return {"filter": self.top("filter"), "nat": nat}
+        return {"filter": dict(self.top("filter")), "nat": nat}
 
     def text(self, delete_chains: Iterable[str] = ()) -> str:
         """iptables-restore input of a full sync in one transaction."""
@@ -161,10 +167,12 @@ class Rendered(ServiceTable[ServiceRender]):
         own = [(c, rules) for r in services for c, rules in r.chains.items()]
         if max_lines is None:
             return [self._last_batch(own, delete_chains)]
-        kinds = {c: k for r in services for c, k in r.kinds.items()}
-        own.sort(key=lambda item: CHAIN_ORDER.index(kinds[item[0]]))
+        rank = {kind: i for i, kind in enumerate(CHAIN_ORDER)}
+        ranked = [(rank[r.kind(c)], c, rules) for r in services for c, rules in r.chains.items()]
+        ranked.sort(key=lambda item: item[0])  # stable: services stay in name order
+        own = [(c, rules) for _, c, rules in ranked]
         out: list[str] = []
-        chunk: list[tuple[str, list[Rule]]] = []
+        chunk: OwnChains = []
         size = 0
         # Endpoint and service chains jump to KUBE-MARK-MASQ: the first transaction writes it.
         mark_masq = [(KUBE_MARK_MASQ, self.static_nat.get(KUBE_MARK_MASQ, []))]
@@ -177,7 +185,7 @@ class Rendered(ServiceTable[ServiceRender]):
         out.append(self._last_batch(chunk, delete_chains))
         return out
 
-    def _last_batch(self, own: list[tuple[str, list[Rule]]], delete_chains: Iterable[str]) -> str:
+    def _last_batch(self, own: OwnChains, delete_chains: Iterable[str]) -> str:
         filt = self.top("filter")
         nat = self.top("nat")
         stale = sorted(set(delete_chains) - self.service_chains())
@@ -185,15 +193,15 @@ class Rendered(ServiceTable[ServiceRender]):
         lines += [r.text for chain in filt.values() for r in chain] + ["COMMIT", "*nat"]
         lines += [f":{c} - [0:0]" for c in (*nat, *(c for c, _ in own), *stale)]
         lines += [r.text for chain in nat.values() for r in chain]
-        lines += [r.text for _, rules in own for r in rules]
-        lines += [f"-X {c}" for c in stale] + ["COMMIT"]
-        return "\n".join(lines) + "\n"
+        lines += [line for _, rules in own for line in chain_lines(rules)]
+        lines += [f"-X {c}" for c in stale] + ["COMMIT", ""]
+        return "\n".join(lines)  # ends in a newline without a second copy of the text
 
 
-def _nat_text(chains: list[tuple[str, list[Rule]]]) -> str:
+def _nat_text(chains: OwnChains) -> str:
     lines = ["*nat", *(f":{c} - [0:0]" for c, _ in chains)]
-    lines += [r.text for _, rules in chains for r in rules] + ["COMMIT"]
-    return "\n".join(lines) + "\n"
+    lines += [line for _, rules in chains for line in chain_lines(rules)] + ["COMMIT", ""]
+    return "\n".join(lines)
 
 
 class Renderer(ServiceCache[ServiceRender, Facts, Rendered]):
@@ -256,7 +264,7 @@ def partial_restore(programmed: Rendered, updates: Updates) -> Restore:
             written[table] += len(inserted)
         for chain, rules in new_r.chains.items():
             decls.append(f"-F {chain}" if chain in old_r.chains else f"-N {chain}")
-            own_rules += [r.text for r in rules]
+            own_rules += chain_lines(rules)
             written["nat"] += len(rules)
         for chain in old_r.chains:
             if chain not in new_r.chains:

@@ -87,7 +87,7 @@ def render_port(sp: ServicePort, eps: tuple[Endpoint, ...], node: NodeInfo) -> P
                 "REJECT",
             )
         )
-    to = (("--to-ports", listener(key)),)
+    to = ("--to-ports", listener(key))
     redirect = [
         Rule(chain, (*comment(name), *dport(proto, sp.port, a)), "REDIRECT", to)
         for chain in ("KUBE-PORTALS-CONTAINER", "KUBE-PORTALS-HOST")
@@ -126,7 +126,7 @@ class UserspaceTable(ServiceTable[ServiceRules]):
                 elif ports is None:
                     out["nat"] += p.redirect
                 else:
-                    to = (("--to-ports", str(ports[p.key])),)
+                    to = ("--to-ports", str(ports[p.key]))
                     out["nat"] += [r._replace(target_args=to) for r in p.redirect]
         return out
 

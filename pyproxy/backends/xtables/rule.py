@@ -53,7 +53,9 @@ class Rule(NamedTuple):
     chain: str
     parts: tuple[Part, ...] = ()
     target: str = ""
-    target_args: tuple[tuple[str, str], ...] = ()
+    target_args: tuple[str, ...] = ()
+    """The target's options as words: ``("--to-destination", "10.1.0.5:80")``. Flat, not
+    pairs: a large table has one per endpoint."""
     goto: bool = False
 
     @property
@@ -68,9 +70,16 @@ class Rule(NamedTuple):
             out += p.words()
         if self.target:
             out += ["-g" if self.goto else "-j", self.target]
-        for option, value in self.target_args:
-            out += [option, value] if value else [option]
+        out += self.target_args
         return out
+
+    def target_option(self, option: str) -> str | None:
+        """The value of one of the target's options (``--to-destination``); None if absent."""
+        args = self.target_args
+        for i, word in enumerate(args[:-1]):
+            if word == option:
+                return args[i + 1]
+        return None
 
     @property
     def spec(self) -> str:
@@ -94,10 +103,7 @@ class Rule(NamedTuple):
         if self.target:
             add("-g" if self.goto else "-j")
             add(self.target)
-        for option, value in self.target_args:
-            add(option)
-            if value:
-                add(value)
+        out += self.target_args
         return " ".join(out)
 
     @property

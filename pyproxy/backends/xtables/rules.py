@@ -62,16 +62,16 @@ class JumpRule:
 
 
 def mark_masq_rules(mark_bit: str) -> list[Rule]:
-    return [Rule(KUBE_MARK_MASQ, (), "MARK", (("--or-mark", mark_bit),))]
+    return [Rule(KUBE_MARK_MASQ, (), "MARK", ("--or-mark", mark_bit))]
 
 
 def postrouting_rules(mark_bit: str, random_fully: bool) -> list[Rule]:
     """Masquerade what KUBE-MARK-MASQ marked, clearing the mark first (upstream's layout)."""
     return [
         Rule(KUBE_POSTROUTING, mark(f"{mark_bit}/{mark_bit}", negated=True), "RETURN"),
-        Rule(KUBE_POSTROUTING, (), "MARK", (("--xor-mark", mark_bit),)),
+        Rule(KUBE_POSTROUTING, (), "MARK", ("--xor-mark", mark_bit)),
         Rule(KUBE_POSTROUTING, comment("kubernetes service traffic requiring SNAT"),
-             "MASQUERADE", (("--random-fully", ""),) if random_fully else ()),
+             "MASQUERADE", ("--random-fully",) if random_fully else ()),
     ]  # fmt: skip
 
 

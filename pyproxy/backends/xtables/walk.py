@@ -156,23 +156,23 @@ class Walker:
 
     def _target(self, table: str, rule: Rule, packet: Packet, f: Flow,
                 depth: int) -> list[tuple[Flow, bool]]:  # fmt: skip
-        t, args = rule.target, dict(rule.target_args)
+        t, arg = rule.target, rule.target_option
         if self.is_chain(table, t):
             return self.chain(table, t, packet, f, depth + 1)
         if t == "" or t == "RETURN":
             return [(f, False)]
         if t == "MARK":
-            if "--or-mark" in args:
-                f.mark |= int(args["--or-mark"], 0)
-            elif "--xor-mark" in args:
-                f.mark ^= int(args["--xor-mark"], 0)
+            if (value := arg("--or-mark")) is not None:
+                f.mark |= int(value, 0)
+            elif (value := arg("--xor-mark")) is not None:
+                f.mark ^= int(value, 0)
             return [(f, False)]
         if t == "DNAT":
-            host, _, port = args["--to-destination"].rpartition(":")
+            host, _, port = (arg("--to-destination") or "").rpartition(":")
             f.dst, f.port = ipaddress.ip_address(host.strip("[]")), int(port)
             f.dnat, f.verdict = True, DNAT
         elif t == "REDIRECT":
-            f.redirect, f.verdict = args["--to-ports"], RELAY
+            f.redirect, f.verdict = arg("--to-ports") or "", RELAY
         elif t == "MASQUERADE":
             f.masquerade = True
         elif t in ("DROP", "REJECT"):
