@@ -120,7 +120,7 @@ class NftConfig:
         return self.proxy.nodeport_addresses.explicit_loopback(self.family)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Element:
     """One element of a shared set or verdict map: its key's parts (concatenated with ``.``)
     and, in a verdict map, its verdict."""
@@ -145,7 +145,7 @@ class NodeFacts:
     node_ip: IPAddress | None
 
 
-@dataclass
+@dataclass(slots=True)
 class ServiceObjects:
     """Everything one service (all its ports) contributes to the table."""
 
@@ -248,9 +248,8 @@ class _Port:
         """``meta l4proto P [counter name ...] dnat ...``: a DNAT rule, counted with
         --service-metrics."""
         counted = (Counter(f"{names.COUNTER}{self.base}"),) if self.cfg.counters else ()
-        to = tuple((str(ep.ip), ep.port) for ep in targets)
         return Rule((Match(("meta l4proto",), self.proto), *counted,
-                     Dnat(self.cfg.nft_family, to, single)))  # fmt: skip
+                     Dnat(self.cfg.nft_family, targets, single)))  # fmt: skip
 
 
 def _address_elements(p: _Port, out: ServiceObjects) -> None:

@@ -192,13 +192,12 @@ class Walker:
 
     def _dnat(self, e: Dnat, f: Flow) -> list[tuple[Flow, str]]:
         out = []
-        for addr, port in e.targets:
+        for ep in e.targets:
             g = f.fork(f.probability / len(e.targets))
-            g.dst, g.port = ipaddress.ip_address(addr), port
+            g.dst, g.port = ep.ip, ep.port
             g.dnat, g.verdict = True, DNAT
             if len(e.targets) > 1:
-                host = f"[{addr}]" if ":" in addr else addr
-                g.steps[-1] += f"  [-> {host}:{port}]"
+                g.steps[-1] += f"  [-> {ep.hostport}]"
             out.append((g, "dnat"))
         return out
 
