@@ -3,12 +3,20 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 DEBS   := iptables ipset conntrack nftables iproute2 ipvsadm user-mode-linux procps kmod \
-          buildah debootstrap runc containernetworking-plugins openssl busybox-static
+          buildah debootstrap runc containernetworking-plugins openssl busybox-static \
+          clang-14 libbpf-dev libbpf1
+# The BPF programs, compiled at install (clang is a build tool: the daemon loads the object
+# through libbpf and needs no compiler).
+BPF_OBJS := pyproxy/backends/ebpf/bpf/sock_lb.o
 
 .PHONY: install debs test unit lint e2e bench bench-quick soak demo cluster cluster-down clean \
         real-build real-cluster real-smoke conformance
 
-install: debs $(BIN)/pyproxy
+install: debs $(BIN)/pyproxy $(BPF_OBJS)
+
+pyproxy/backends/ebpf/bpf/%.o: pyproxy/backends/ebpf/bpf/%.c
+	clang-14 -O2 -g -target bpf -I/usr/include/$$(uname -m)-linux-gnu \
+		-fdebug-prefix-map=$(CURDIR)=. -c $< -o $@
 
 debs:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -23,7 +31,7 @@ $(BIN)/pyproxy: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	@touch $@
 
-test: $(BIN)/pyproxy
+test: $(BIN)/pyproxy $(BPF_OBJS)
 	$(BIN)/pytest -q -rs -m "not e2e and not image and not realcluster"
 
 unit: $(BIN)/pyproxy
@@ -63,7 +71,7 @@ e2e: $(BIN)/pyproxy
 image:
 	tests/image/build.sh
 
-image-test: $(BIN)/pyproxy
+image-test: $(BIN)/pyproxy $(BPF_OBJS)
 	$(BIN)/pytest -q -rs -m image tests/image
 
 cluster: $(BIN)/pyproxy
@@ -94,4 +102,4 @@ conformance: $(BIN)/pyproxy
 	$(BIN)/python -m tests.cluster.conformance
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(BPF_OBJS)

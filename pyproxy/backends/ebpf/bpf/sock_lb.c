@@ -1,0 +1,295 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* pyproxy's socket-level service balancing: cgroup programs that connect a socket to one of
+ * a service's endpoints instead of its address (connect, and each datagram of an unconnected
+ * UDP socket), and make replies and getpeername() show the service address again.
+ *
+ * Written for pyproxy from the kernel's documented interfaces (include/uapi/linux/bpf.h);
+ * the design follows Cilium's socket LB (bpf/bpf_sock.c), whose code is not copied.
+ *
+ * Addresses are 16 bytes everywhere: an IPv4 address is stored IPv4-mapped (::ffff:a.b.c.d),
+ * so one map serves both families and a dual-stack socket's mapped address finds the same
+ * entry. Ports are in network order, as the socket context holds them.
+ */
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#define ECONNREFUSED 111
+#define AFFINITY 1
+
+struct svc_key {
+	__u32 addr[4];
+	__u16 port;
+	__u8 proto;
+	__u8 pad;
+	__u32 slot; /* 0: the service's head entry; 1..count: its endpoints */
+};
+
+struct svc_value {
+	__u32 addr[4];	   /* endpoint (slots 1..count) */
+	__u16 port;	   /* endpoint's port, network order */
+	__u16 flags;	   /* head: AFFINITY */
+	__u32 count;	   /* head: how many endpoints; 0: refuse */
+	__u32 timeout;	   /* head: affinity timeout, seconds */
+	__u32 id;	   /* head: the service port's id (affinity key) */
+};
+
+struct rev_key {
+	__u64 cookie; /* the socket's */
+	__u32 addr[4];
+	__u16 port;
+	__u16 pad;
+	__u32 pad2;
+};
+
+struct rev_value {
+	__u32 addr[4];
+	__u16 port;
+	__u16 pad;
+};
+
+struct aff_key {
+	__u64 netns; /* the client's network namespace cookie */
+	__u32 id;
+	__u32 pad;
+};
+
+struct aff_value {
+	__u32 addr[4];
+	__u16 port;
+	__u16 pad;
+	__u32 pad2;
+	__u64 used; /* ns, bpf_ktime_get_ns */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1 << 20);
+	__type(key, struct svc_key);
+	__type(value, struct svc_value);
+} services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1 << 18);
+	__type(key, struct rev_key);
+	__type(value, struct rev_value);
+} reverse SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1 << 18);
+	__type(key, struct aff_key);
+	__type(value, struct aff_value);
+} affinity SEC(".maps");
+
+static __always_inline int same(const __u32 *a, const __u32 *b)
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+}
+
+/* The endpoint for a client of the service whose head is ``head``: the remembered one under
+ * affinity while it is still one of the service's, else one at random. */
+static __always_inline struct svc_value *pick(struct bpf_sock_addr *ctx, struct svc_key *key,
+					      struct svc_value *head)
+{
+	struct aff_key ak = {};
+	struct aff_value *remembered = 0;
+	__u64 now = 0;
+	__u32 count = head->count;
+
+	if (head->flags & AFFINITY) {
+		ak.netns = bpf_get_netns_cookie(ctx);
+		ak.id = head->id;
+		now = bpf_ktime_get_ns();
+		remembered = bpf_map_lookup_elem(&affinity, &ak);
+		if (remembered && now - remembered->used <= (__u64)head->timeout * 1000000000ULL) {
+			/* still an endpoint of the service? look it up by its slot walk, bounded */
+			for (__u32 i = 1; i <= 64 && i <= count; i++) {
+				struct svc_value *ep;
+				key->slot = i;
+				ep = bpf_map_lookup_elem(&services, key);
+				if (ep && same(ep->addr, remembered->addr) && ep->port == remembered->port) {
+					remembered->used = now;
+					return ep;
+				}
+			}
+		}
+	}
+	key->slot = (bpf_get_prandom_u32() % count) + 1;
+	struct svc_value *ep = bpf_map_lookup_elem(&services, key);
+	if (ep && (head->flags & AFFINITY)) {
+		struct aff_value av = {};
+		__builtin_memcpy(av.addr, ep->addr, sizeof(av.addr));
+		av.port = ep->port;
+		av.used = now;
+		bpf_map_update_elem(&affinity, &ak, &av, BPF_ANY);
+	}
+	return ep;
+}
+
+static __always_inline void remember(struct bpf_sock_addr *ctx, struct svc_value *ep,
+				     const __u32 *vip, __u16 vport)
+{
+	struct rev_key rk = {};
+	struct rev_value rv = {};
+
+	rk.cookie = bpf_get_socket_cookie(ctx);
+	__builtin_memcpy(rk.addr, ep->addr, sizeof(rk.addr));
+	rk.port = ep->port;
+	__builtin_memcpy(rv.addr, vip, sizeof(rv.addr));
+	rv.port = vport;
+	bpf_map_update_elem(&reverse, &rk, &rv, BPF_ANY);
+}
+
+/* 1: proceed (translated or not ours); 0: refused (ECONNREFUSED, as kube-proxy's REJECT). */
+static __always_inline int translate(struct bpf_sock_addr *ctx, __u32 *addr, int v4)
+{
+	struct svc_key key = {};
+	struct svc_value *head, *ep;
+	__u32 vip[4];
+	__u16 vport = (__u16)ctx->user_port;
+
+	if (ctx->protocol != IPPROTO_TCP && ctx->protocol != IPPROTO_UDP)
+		return 1;
+	__builtin_memcpy(key.addr, addr, sizeof(key.addr));
+	__builtin_memcpy(vip, addr, sizeof(vip));
+	key.port = vport;
+	key.proto = ctx->protocol;
+	head = bpf_map_lookup_elem(&services, &key);
+	if (!head)
+		return 1;
+	if (head->count == 0) {
+		bpf_set_retval(-ECONNREFUSED);
+		return 0;
+	}
+	ep = pick(ctx, &key, head);
+	if (!ep)
+		return 1;
+	if (v4) {
+		if (ep->addr[0] || ep->addr[1] || ep->addr[2] != bpf_htonl(0xffff))
+			return 1; /* an IPv6 endpoint for an IPv4 socket: leave it to the rules */
+		ctx->user_ip4 = ep->addr[3];
+	} else {
+		ctx->user_ip6[0] = ep->addr[0];
+		ctx->user_ip6[1] = ep->addr[1];
+		ctx->user_ip6[2] = ep->addr[2];
+		ctx->user_ip6[3] = ep->addr[3];
+	}
+	ctx->user_port = ep->port;
+	/* getpeername() of a TCP socket and replies to a UDP one show the service again, as
+	 * they do through kube-proxy's DNAT */
+	remember(ctx, ep, vip, vport);
+	return 1;
+}
+
+/* Replies and getpeername(): the endpoint's address back to the service's. */
+static __always_inline void untranslate(struct bpf_sock_addr *ctx, __u32 *addr, int v4)
+{
+	struct rev_key rk = {};
+	struct rev_value *rv;
+
+	rk.cookie = bpf_get_socket_cookie(ctx);
+	__builtin_memcpy(rk.addr, addr, sizeof(rk.addr));
+	rk.port = (__u16)ctx->user_port;
+	rv = bpf_map_lookup_elem(&reverse, &rk);
+	if (!rv)
+		return;
+	if (v4) {
+		ctx->user_ip4 = rv->addr[3];
+	} else {
+		ctx->user_ip6[0] = rv->addr[0];
+		ctx->user_ip6[1] = rv->addr[1];
+		ctx->user_ip6[2] = rv->addr[2];
+		ctx->user_ip6[3] = rv->addr[3];
+	}
+	ctx->user_port = rv->port;
+}
+
+static __always_inline void mapped4(__u32 *addr, __u32 ip4)
+{
+	addr[0] = 0;
+	addr[1] = 0;
+	addr[2] = bpf_htonl(0xffff);
+	addr[3] = ip4;
+}
+
+static __always_inline void addr6(__u32 *addr, struct bpf_sock_addr *ctx)
+{
+	addr[0] = ctx->user_ip6[0];
+	addr[1] = ctx->user_ip6[1];
+	addr[2] = ctx->user_ip6[2];
+	addr[3] = ctx->user_ip6[3];
+}
+
+SEC("cgroup/connect4")
+int connect4(struct bpf_sock_addr *ctx)
+{
+	__u32 addr[4];
+	mapped4(addr, ctx->user_ip4);
+	return translate(ctx, addr, 1);
+}
+
+SEC("cgroup/sendmsg4")
+int sendmsg4(struct bpf_sock_addr *ctx)
+{
+	__u32 addr[4];
+	mapped4(addr, ctx->user_ip4);
+	return translate(ctx, addr, 1);
+}
+
+SEC("cgroup/recvmsg4")
+int recvmsg4(struct bpf_sock_addr *ctx)
+{
+	__u32 addr[4];
+	mapped4(addr, ctx->user_ip4);
+	untranslate(ctx, addr, 1);
+	return 1;
+}
+
+SEC("cgroup/getpeername4")
+int getpeername4(struct bpf_sock_addr *ctx)
+{
+	__u32 addr[4];
+	mapped4(addr, ctx->user_ip4);
+	untranslate(ctx, addr, 1);
+	return 1;
+}
+
+SEC("cgroup/connect6")
+int connect6(struct bpf_sock_addr *ctx)
+{
+	__u32 addr[4];
+	addr6(addr, ctx);
+	return translate(ctx, addr, 0);
+}
+
+SEC("cgroup/sendmsg6")
+int sendmsg6(struct bpf_sock_addr *ctx)
+{
+	__u32 addr[4];
+	addr6(addr, ctx);
+	return translate(ctx, addr, 0);
+}
+
+SEC("cgroup/recvmsg6")
+int recvmsg6(struct bpf_sock_addr *ctx)
+{
+	__u32 addr[4];
+	addr6(addr, ctx);
+	untranslate(ctx, addr, 0);
+	return 1;
+}
+
+SEC("cgroup/getpeername6")
+int getpeername6(struct bpf_sock_addr *ctx)
+{
+	__u32 addr[4];
+	addr6(addr, ctx);
+	untranslate(ctx, addr, 0);
+	return 1;
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
