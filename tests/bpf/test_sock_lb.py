@@ -11,6 +11,7 @@ when a test fails."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import struct
@@ -22,8 +23,10 @@ from pathlib import Path
 
 import pytest
 
+from pyproxy.backends.ebpf.render import Balanced
 from pyproxy.kernel.bpf import Map
 from pyproxy.kernel.libbpf import BpfObject, Link
+from pyproxy.model.types import Endpoint, Protocol
 
 OBJECT = Path(__file__).parents[2] / "pyproxy/backends/ebpf/bpf/sock_lb.o"
 PROGRAMS = ("connect4", "sendmsg4", "recvmsg4", "getpeername4")
@@ -198,3 +201,15 @@ def test_udp_replies_come_from_the_service_address(
         "s.sendto(b'q',('10.96.0.53',53));d,a=s.recvfrom(100);print(d.decode(),a[0],a[1])"
     ))  # fmt: skip
     assert out == "echo q 10.96.0.53 53"
+
+
+def test_the_rendered_entries_are_what_the_programs_read(
+    world: tuple[str, str], attached: tuple[Map, Path]
+) -> None:
+    """``backends/ebpf/layout.py`` against the programs: a rendered service, written as is."""
+    services, cgroup = attached
+    eps = (Endpoint(ipaddress.ip_address(POD), 8080), Endpoint(ipaddress.ip_address(POD), 8081))
+    vip = ipaddress.ip_address("10.96.0.20")
+    services.update_batch(Balanced(vip, 80, Protocol.TCP, "ns/svc:http", eps).entries().items())
+    spread = run_in(cgroup, world[0], TCP_CLIENT.format(n=40, vip=vip, port=80))
+    assert set(spread.split()) == {"8080@10.96.0.20:80", "8081@10.96.0.20:80"}

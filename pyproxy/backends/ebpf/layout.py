@@ -1,0 +1,48 @@
+"""The byte layout of the socket-balancing maps, as ``bpf/sock_lb.c`` declares it: the one
+place Python knows it. Pure.
+
+``services`` (hash): for each service address, port and protocol, slot 0 is the head (how
+many endpoints, flags, the affinity timeout and the service port's id) and slots 1..n its
+endpoints. Addresses are 16 bytes, an IPv4 address IPv4-mapped (``::ffff:a.b.c.d``), so one
+map serves both families; ports are in network order, as a socket's context holds them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+
+from pyproxy.model.types import IPAddress, Protocol
+
+AFFINITY = 1
+"""Head flag: a client keeps its endpoint for the timeout (ClientIP affinity)."""
+
+PROTOCOLS = {Protocol.TCP: 6, Protocol.UDP: 17}
+"""What the socket programs balance (SCTP is left to the rules)."""
+
+KEY_SIZE = 24
+VALUE_SIZE = 32
+_KEY = struct.Struct("=16s2sBxI")  # addr, port (network order), protocol, pad, slot
+_VALUE = struct.Struct("=16s2sHIII")  # addr, port, flags, count, timeout, id
+
+
+def address(addr: IPAddress) -> bytes:
+    """16 bytes: an IPv6 address as is, an IPv4 address IPv4-mapped."""
+    if isinstance(addr, ipaddress.IPv4Address):
+        return b"\0" * 10 + b"\xff\xff" + addr.packed
+    return addr.packed
+
+
+def key(addr: IPAddress, port: int, protocol: Protocol, slot: int) -> bytes:
+    return _KEY.pack(address(addr), port.to_bytes(2, "big"), PROTOCOLS[protocol], slot)
+
+
+def head(count: int, flags: int = 0, timeout: int = 0, ident: int = 0) -> bytes:
+    return _VALUE.pack(bytes(16), bytes(2), flags, count, timeout, ident)
+
+
+def endpoint(addr: IPAddress, port: int) -> bytes:
+    return _VALUE.pack(address(addr), port.to_bytes(2, "big"), 0, 0, 0, 0)
+
+
+assert _KEY.size == KEY_SIZE and _VALUE.size == VALUE_SIZE

@@ -1,0 +1,86 @@
+"""What the socket programs balance: for each service port, the addresses a process on this
+node connects to and the endpoints it is connected to instead. Pure.
+
+The choice follows upstream's rules for traffic that starts on the node, so a connection goes
+where kube-proxy's DNAT would send it:
+- the cluster IP, to the endpoints of the internal traffic policy (``sel.internal``);
+- external IPs and load-balancer IPs, to the cluster's endpoints: upstream's external chain
+  sends pod and node traffic to the cluster chain whatever the external policy;
+- not balanced here, and so left to the rules: a port without endpoints to use (the rules
+  refuse or drop as upstream does), load-balancer IPs with source ranges (the rules check
+  them), NodePorts, and SCTP.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+from pyproxy.backends.ebpf import layout
+from pyproxy.model.selection import categorize_endpoints
+from pyproxy.model.types import Endpoint, IPAddress, IPFamily, NodeInfo, Protocol, ServicePort
+
+
+def _hostport(addr: IPAddress, port: int) -> str:
+    return f"[{addr}]:{port}" if addr.version == 6 else f"{addr}:{port}"
+
+
+@dataclass(frozen=True, slots=True)
+class Balanced:
+    """One service address (address, port, protocol) balanced at the socket."""
+
+    addr: IPAddress
+    port: int
+    protocol: Protocol
+    name: str
+    """The service port (``ns/name:port``)."""
+    endpoints: tuple[Endpoint, ...]
+    affinity_timeout: int = 0
+    """ClientIP affinity's timeout in seconds (0: none)."""
+
+    @property
+    def ident(self) -> int:
+        """The service port's id in the affinity map: a hash of its name, so the render
+        stays pure. Two ports sharing one only make a remembered endpoint be chosen again."""
+        return zlib.crc32(self.name.encode())
+
+    def entries(self) -> dict[bytes, bytes]:
+        """Its ``services`` map entries: the head in slot 0, the endpoints in slots 1..n."""
+
+        def key(slot: int) -> bytes:
+            return layout.key(self.addr, self.port, self.protocol, slot)
+
+        flags = layout.AFFINITY if self.affinity_timeout else 0
+        out = {key(0): layout.head(len(self.endpoints), flags, self.affinity_timeout, self.ident)}
+        for slot, ep in enumerate(self.endpoints, 1):
+            out[key(slot)] = layout.endpoint(ep.ip, ep.port)
+        return out
+
+    @property
+    def text(self) -> str:
+        """One line of ``pyproxy render``: the address, the port it serves, the endpoints."""
+        affinity = f" affinity {self.affinity_timeout}s" if self.affinity_timeout else ""
+        eps = " ".join(ep.hostport for ep in self.endpoints)
+        front = _hostport(self.addr, self.port)
+        return f"{front}/{self.protocol.value.lower()} {self.name}{affinity} -> {eps}"
+
+
+def render_port(
+    sp: ServicePort, eps: tuple[Endpoint, ...], node: NodeInfo, family: IPFamily
+) -> list[Balanced]:
+    """The addresses of one service port (a family view) balanced at the socket."""
+    cluster_ip = sp.cluster_ip(family)
+    if cluster_ip is None or sp.protocol not in layout.PROTOCOLS:
+        return []
+    sel = categorize_endpoints(sp, eps, node)
+    timeout = sp.sticky_max_age_seconds if sp.session_affinity_client_ip else 0
+
+    def balanced(addr: IPAddress, to: tuple[Endpoint, ...]) -> Balanced:
+        return Balanced(addr, sp.port, sp.protocol, str(sp.name), to, timeout)
+
+    out = [balanced(cluster_ip, sel.internal)] if sel.internal else []
+    if sel.cluster:
+        out += [balanced(ip, sel.cluster) for ip in sp.external_ips]
+        if not sp.load_balancer_source_ranges:
+            out += [balanced(ip, sel.cluster) for ip in sp.load_balancer_ips]
+    return out
