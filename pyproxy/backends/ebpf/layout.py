@@ -24,12 +24,13 @@ KEY_SIZE = 24
 VALUE_SIZE = 32
 _KEY = struct.Struct("=16s2sBxI")  # addr, port (network order), protocol, pad, slot
 _VALUE = struct.Struct("=16s2sHIII")  # addr, port, flags, count, timeout, id
+_MAPPED = b"\0" * 10 + b"\xff\xff"  # ::ffff:0:0/96
 
 
 def address(addr: IPAddress) -> bytes:
     """16 bytes: an IPv6 address as is, an IPv4 address IPv4-mapped."""
     if isinstance(addr, ipaddress.IPv4Address):
-        return b"\0" * 10 + b"\xff\xff" + addr.packed
+        return _MAPPED + addr.packed
     return addr.packed
 
 
@@ -43,6 +44,16 @@ def head(count: int, flags: int = 0, timeout: int = 0, ident: int = 0) -> bytes:
 
 def endpoint(addr: IPAddress, port: int) -> bytes:
     return _VALUE.pack(address(addr), port.to_bytes(2, "big"), 0, 0, 0, 0)
+
+
+def is_mapped(key: bytes) -> bool:
+    """Whether a key's address is an IPv4 one (IPv4-mapped)."""
+    return key[:12] == _MAPPED
+
+
+def slot_of(key: bytes) -> int:
+    """0 for a service's head entry, 1..n for its endpoints."""
+    return int(_KEY.unpack(key)[3])
 
 
 assert _KEY.size == KEY_SIZE and _VALUE.size == VALUE_SIZE

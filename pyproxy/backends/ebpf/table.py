@@ -1,0 +1,83 @@
+"""One family's socket-balancing entries as pyproxy wrote them, per service, on the engine's
+per-service cache: a sync renders again only the services whose ports or endpoints changed,
+and writes only their entries. Pure: nothing here touches the kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from pyproxy.backends.ebpf.render import Balanced, render_port
+from pyproxy.backends.engine.cache import Entry, ServiceCache, ServiceTable
+from pyproxy.model.types import (
+    Endpoint,
+    IPFamily,
+    NamespacedName,
+    NodeInfo,
+    ProxyState,
+    ServicePort,
+)
+
+
+@dataclass(slots=True)
+class SocketObjects:
+    """What one service (all its ports) balances at the socket."""
+
+    balanced: tuple[Balanced, ...] = ()
+    no_local_internal: int = 0
+    """Always 0: the rules' engine counts the service (its nftables objects), once."""
+    no_local_external: int = 0
+
+    def entries(self) -> dict[bytes, bytes]:
+        out: dict[bytes, bytes] = {}
+        for b in self.balanced:
+            out.update(b.entries())
+        return out
+
+
+SocketEntry = Entry[SocketObjects]
+Updates = Mapping[NamespacedName, SocketEntry | None]
+
+
+class SocketTable(ServiceTable[SocketObjects]):
+    """A family's balanced service addresses: what the ``services`` map holds for it."""
+
+    def balanced(self) -> Iterator[Balanced]:
+        for svc in sorted(self.entries):
+            yield from self.entries[svc].objects.balanced
+
+    def entries_written(self) -> dict[bytes, bytes]:
+        out: dict[bytes, bytes] = {}
+        for entry in self.entries.values():
+            out.update(entry.objects.entries())
+        return out
+
+
+def render_service(
+    ports: tuple[ServicePort, ...], eps: tuple[tuple[Endpoint, ...], ...], node: NodeInfo,
+    family: IPFamily,
+) -> SocketObjects:  # fmt: skip
+    return SocketObjects(tuple(b for sp, e in zip(ports, eps, strict=True)
+                               for b in render_port(sp, e, node, family)))  # fmt: skip
+
+
+class SocketCache(ServiceCache[SocketObjects, NodeInfo, SocketTable]):
+    """Renders one family's balanced addresses, reusing a service's while its inputs are the
+    same; the node (its name and zone decide the local and topology-hinted endpoints) is the
+    fact every service depends on."""
+
+    def __init__(self, family: IPFamily) -> None:
+        def facts(state: ProxyState, endpoints: int) -> NodeInfo:
+            return state.node
+
+        def render(
+            ports: tuple[ServicePort, ...], eps: tuple[tuple[Endpoint, ...], ...], node: NodeInfo
+        ) -> SocketObjects:
+            return render_service(ports, eps, node, family)
+
+        super().__init__(family, facts, render)
+
+    def table(
+        self, state: ProxyState, facts: NodeInfo, entries: Mapping[NamespacedName, SocketEntry]
+    ) -> SocketTable:
+        return SocketTable(facts, entries)

@@ -1,0 +1,131 @@
+"""ebpf mode's socket map, synced by the shared engine through the checking fake map: a
+one-service change at 10,000 services writes only that service's entries, an idle sync
+writes nothing, a reader never finds a head whose slots are not written yet (or gone), a
+full sync adopts a pinned map (its stale keys of the family go, the other family's stay),
+and a refused write leaves the next sync full. Counted, never timed."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from pyproxy.backends.base import SyncRequest
+from pyproxy.backends.ebpf import layout
+from pyproxy.backends.ebpf.writer import SocketFamily
+from pyproxy.backends.engine.engine import Engine
+from pyproxy.kernel.bpf_fake import FakeMap
+from pyproxy.model.events import KINDS, Event, EventType
+from pyproxy.model.types import IPFamily, NamespacedName, Protocol, ProxyState
+from pyproxy.sync.tracker import ChangeTracker
+from tests.helpers import endpoint, endpoint_slice, no_conntrack, objects, port, service, slice_of
+
+ip = ipaddress.ip_address
+
+
+def tracker(objs: list[dict[str, Any]]) -> ChangeTracker:
+    t = ChangeTracker("node-a")
+    for kind in KINDS:
+        t.apply(Event(kind, EventType.REPLACE, objects=[o for o in objs if o["kind"] == kind]))
+        t.apply(Event(kind, EventType.SYNCED))
+    return t
+
+
+def engine(m: FakeMap) -> tuple[Engine[Any], SocketFamily]:
+    writer = SocketFamily(IPFamily.IPV4, m)
+    return Engine([writer], no_conntrack), writer
+
+
+def sync(e: Engine[Any], state: ProxyState, changed: set[NamespacedName] | None = None) -> bool:
+    full = changed is None
+    return e.sync(state, SyncRequest(state, frozenset(changed or ()), full=full)).full
+
+
+def head_count(m: FakeMap, vip: str, port_: int) -> int | None:
+    value = m.entries.get(layout.key(ip(vip), port_, Protocol.TCP, 0))
+    return None if value is None else int.from_bytes(value[20:24], "little")
+
+
+def new_map() -> FakeMap:
+    return FakeMap(layout.KEY_SIZE, layout.VALUE_SIZE, 1 << 20)
+
+
+def test_a_one_service_change_at_10000_services_writes_that_services_entries_only() -> None:
+    t = tracker(objects(10_000))
+    m = new_map()
+    e, _ = engine(m)
+    sync(e, t.current_state())
+    assert len(m.entries) == 10_000 * 3  # a head and two endpoints each
+    assert head_count(m, "10.96.0.7", 80) == 2
+    m.updates = m.deletes = 0
+    svc = NamespacedName("bench", "svc-7")
+    t.apply(Event("EndpointSlice", EventType.MODIFIED,
+                  obj=slice_of(7, ["10.128.7.1", "10.128.7.2", "10.128.7.3"])))  # fmt: skip
+    assert sync(e, t.current_state(), {svc}) is False
+    # the new slot 3 and the head: the two slots that did not change are not written again
+    assert (m.updates, m.deletes) == (2, 0)
+    assert head_count(m, "10.96.0.7", 80) == 3
+    m.updates = 0
+    assert sync(e, t.current_state(), {svc}) is False
+    assert (m.updates, m.deletes) == (0, 0)
+
+
+def test_slots_are_written_before_their_head_and_deleted_after_it() -> None:
+    def web_slice(eps: list[dict[str, Any]]) -> dict[str, Any]:
+        return endpoint_slice("ns", "web", "web-1", eps, [port("http", 8080)])
+
+    objs = [service("ns", "web", "10.96.0.10", [port("http", 80)]),
+            web_slice([endpoint("10.244.0.1")])]  # fmt: skip
+    t = tracker(objs)
+    m = new_map()
+    e, _ = engine(m)
+    sync(e, t.current_state())
+    web = NamespacedName("ns", "web")
+
+    def slots(log: list[tuple[str, bytes]]) -> list[tuple[str, int]]:
+        return [(op, layout.slot_of(k)) for op, k in log]
+
+    m.log.clear()
+    three = [endpoint(f"10.244.0.{i}") for i in (1, 2, 3)]
+    t.apply(Event("EndpointSlice", EventType.MODIFIED, obj=web_slice(three)))
+    sync(e, t.current_state(), {web})
+    assert slots(m.log) == [("update", 2), ("update", 3), ("update", 0)]
+    m.log.clear()
+    t.apply(Event("EndpointSlice", EventType.MODIFIED, obj=web_slice(three[:1])))
+    sync(e, t.current_state(), {web})
+    assert slots(m.log) == [("update", 0), ("delete", 2), ("delete", 3)]
+    m.log.clear()
+    t.apply(Event("Service", EventType.DELETED, obj=objs[0]))
+    sync(e, t.current_state(), {web})
+    assert slots(m.log) == [("delete", 0), ("delete", 1)]
+    assert m.entries == {}
+
+
+def test_a_full_sync_adopts_a_pinned_map() -> None:
+    t = tracker(objects(3))
+    m = new_map()
+    stale = layout.key(ip("10.96.9.9"), 80, Protocol.TCP, 0)
+    other_family = layout.key(ip("fd00::9"), 80, Protocol.TCP, 0)
+    m.entries = {stale: layout.head(1), other_family: layout.head(1)}
+    e, _ = engine(m)
+    sync(e, t.current_state())
+    assert stale not in m.entries and other_family in m.entries
+    assert len(m.entries) == 3 * 3 + 1
+
+
+def test_a_refused_write_makes_the_next_sync_full() -> None:
+    t = tracker(objects(3))
+    m = FakeMap(layout.KEY_SIZE, layout.VALUE_SIZE, 9)
+    e, _ = engine(m)
+    sync(e, t.current_state())
+    t.apply(Event("EndpointSlice", EventType.MODIFIED,
+                  obj=slice_of(1, ["10.128.1.1", "10.128.1.2", "10.128.1.3"])))  # fmt: skip
+    svc = NamespacedName("bench", "svc-1")
+    try:
+        sync(e, t.current_state(), {svc})
+    except Exception as err:  # the engine's BackendError, after its fallback full sync failed
+        assert "socket map write failed" in str(err)
+    else:
+        raise AssertionError("a map with no room accepted a tenth entry")
+    m.max_entries = 100
+    assert sync(e, t.current_state(), {svc}) is True
+    assert head_count(m, "10.96.0.1", 80) == 3
