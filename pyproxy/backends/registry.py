@@ -4,6 +4,7 @@ folder and one line in ``MODES``. Tests may ``register`` a mode of their own."""
 from __future__ import annotations
 
 from pyproxy.backends.base import Backend, BackendUnavailable
+from pyproxy.backends.ebpf.mode import MODE as EBPF
 from pyproxy.backends.iptables.mode import MODE as IPTABLES
 from pyproxy.backends.ipvs.mode import MODE as IPVS
 from pyproxy.backends.mode import Mode
@@ -11,7 +12,7 @@ from pyproxy.backends.nftables.mode import MODE as NFTABLES
 from pyproxy.backends.userspace.mode import MODE as USERSPACE
 from pyproxy.config.settings import ProxyConfig
 
-MODES: dict[str, Mode] = {m.name: m for m in (IPTABLES, IPVS, USERSPACE, NFTABLES)}
+MODES: dict[str, Mode] = {m.name: m for m in (IPTABLES, IPVS, USERSPACE, NFTABLES, EBPF)}
 DEFAULT = IPTABLES.name
 """Upstream's default mode on Linux."""
 

@@ -341,10 +341,12 @@ def load_api_state(cfg: ProxyConfig) -> ProxyState:
 @cli.command()
 @_mode_option
 @_opt("iptables_backend", type=click.Choice(IPTABLES_BACKENDS), help="iptables back end.")
-def cleanup(mode: str, iptables_backend: str) -> None:
+@_modes_own_options
+@click.pass_context
+def cleanup(ctx: click.Context, /, mode: str, **params: Any) -> None:
     """Remove everything pyproxy programmed for --mode (kube-proxy's --cleanup)."""
     setup_logging("info", "text", None)
-    registry.create(ProxyConfig(mode=mode, iptables_backend=iptables_backend)).cleanup()
+    registry.create(_config(ctx, params, mode=mode)).cleanup()
     click.echo(f"pyproxy: cleaned up {mode} rules")
 
 

@@ -34,6 +34,7 @@ class Cmd(enum.IntEnum):
     OBJ_PIN = 6
     OBJ_GET = 7
     OBJ_GET_INFO_BY_FD = 15
+    PROG_QUERY = 16
     MAP_UPDATE_BATCH = 26
 
 
@@ -261,6 +262,42 @@ class Map:
             if value is not None:
                 out[key] = value
         return out
+
+
+class AttachType(enum.IntEnum):
+    """The cgroup hooks the socket programs use (enum bpf_attach_type)."""
+
+    CONNECT4 = 10
+    CONNECT6 = 11
+    SENDMSG4 = 14
+    SENDMSG6 = 15
+    RECVMSG4 = 19
+    RECVMSG6 = 20
+    GETPEERNAME4 = 29
+    GETPEERNAME6 = 30
+
+
+class _Query(ctypes.Structure):
+    _fields_ = [
+        ("target_fd", ctypes.c_uint32),
+        ("attach_type", ctypes.c_uint32),
+        ("query_flags", ctypes.c_uint32),
+        ("attach_flags", ctypes.c_uint32),
+        ("prog_ids", ctypes.c_uint64),
+        ("prog_cnt", ctypes.c_uint32),
+    ]
+
+
+def attached(cgroup: str, hook: AttachType) -> list[int]:
+    """The ids of the programs attached to ``cgroup`` itself at ``hook`` (not inherited)."""
+    fd = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        ids = (ctypes.c_uint32 * 64)()
+        q = _Query(fd, hook, 0, 0, ctypes.addressof(ids), 64)
+        bpf(Cmd.PROG_QUERY, q)
+        return list(ids[: q.prog_cnt])
+    finally:
+        os.close(fd)
 
 
 class MapInfo(NamedTuple):

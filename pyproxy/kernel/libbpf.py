@@ -37,6 +37,8 @@ def _libbpf() -> ctypes.CDLL:
             ("bpf_link__pin", i, [vp, cp]),
             ("bpf_link__fd", i, [vp]),
             ("bpf_link__destroy", i, [vp]),
+            ("bpf_link__open", vp, [cp]),
+            ("bpf_link__update_program", i, [vp, vp]),
             ("libbpf_set_print", vp, [vp]),
         ):
             fn = getattr(lib, name)
@@ -64,10 +66,20 @@ class Link:
         self._handle: int | None = handle
         self.name = name
 
+    @property
+    def handle(self) -> int | None:
+        return self._handle
+
     def pin(self, path: str) -> None:
-        _check(
-            f"pin {self.name} at {path}", _libbpf().bpf_link__pin(self._handle, path.encode()) == 0
-        )
+        ok = _libbpf().bpf_link__pin(self._handle, path.encode()) == 0
+        _check(f"pin {self.name} at {path}", ok)
+
+    @classmethod
+    def open(cls, path: str) -> Link:
+        """A link pinned at ``path`` (by this or an earlier process)."""
+        handle = _libbpf().bpf_link__open(path.encode())
+        _check(f"open the link pinned at {path}", bool(handle))
+        return cls(handle, os.path.basename(path))
 
     def destroy(self) -> None:
         if self._handle is not None:
@@ -135,6 +147,16 @@ class BpfObject:
         finally:
             os.close(fd)
         return Link(link, program)
+
+    def update_link(self, link: Link, program: str) -> None:
+        """Swap the program behind an attached ``link`` for this object's ``program``, in one
+        step: no connection finds the hook empty (a restart, an upgrade)."""
+        lib = _libbpf()
+        prog = lib.bpf_object__find_program_by_name(self._handle, program.encode())
+        _check(f"program {program}", bool(prog))
+        _check(
+            f"update {link.name} to {program}", lib.bpf_link__update_program(link.handle, prog) == 0
+        )
 
     def close(self) -> None:
         """Unload what nothing else holds: attached or pinned programs and maps stay."""

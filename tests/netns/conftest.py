@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.netns.world import PYPROXY, Pyproxy, World, can_run
+from tests.netns.world import PYPROXY, Pyproxy, SocketCgroup, World, can_run
 
 REASON = can_run()
 
@@ -58,16 +58,23 @@ def proxy(
     world: World, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[Pyproxy]:
     d = tmp_path_factory.mktemp("manifests")
-    extra = getattr(request.module, "PYPROXY_FLAGS", ())
+    extra = list(getattr(request.module, "PYPROXY_FLAGS", ()))
     mode = getattr(request, "param", getattr(request.module, "PYPROXY_MODE", "iptables"))
-    p = Pyproxy(world, d, d.parent / f"{d.name}-pyproxy.log", *extra, mode=mode).start()
+    if mode == "ebpf":
+        world.sockets = SocketCgroup(tmp_path_factory.mktemp("ebpf"))
+        extra += world.sockets.flags()
+    p = Pyproxy(world, d, d.parent / f"{d.name}-pyproxy.log", *extra, mode=mode)
     try:
-        yield p
+        yield p.start()
     finally:
         p.stop()
-        if hasattr(request, "param"):  # the next mode starts from a clean node
-            world.exec(world.node, PYPROXY, "cleanup", f"--mode={mode}", check=False)
+        if hasattr(request, "param") or world.sockets:  # the next mode starts from a clean node
+            flags = world.sockets.flags() if world.sockets else []
+            world.exec(world.node, PYPROXY, "cleanup", f"--mode={mode}", *flags, check=False)
             world.exec(world.node, "conntrack", "-F", check=False)
+        if world.sockets is not None:
+            world.sockets.close()
+            world.sockets = None
         log = Path(p.log)
         if log.exists():
             print(

@@ -78,6 +78,9 @@ class World:
     clients: list[str] = field(default_factory=list)
     namespaces: list[str] = field(default_factory=list)
     procs: list[subprocess.Popen[str]] = field(default_factory=list)
+    sockets: SocketCgroup | None = None
+    """ebpf mode's cgroup (the proxy fixture's, while it runs in ebpf mode): what a command
+    run with ``in_cgroup`` joins first, as a process on the node would be in it."""
 
     @property
     def node(self) -> str:
@@ -219,9 +222,15 @@ class World:
     # ---- running ----------------------------------------------------------------------
 
     def exec(
-        self, ns: str, *cmd: str, check: bool = True, timeout: float = 60, input: str | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        return sh("ip", "netns", "exec", ns, *cmd, check=check, timeout=timeout, input=input)
+        self, ns: str, *cmd: str, check: bool = True, timeout: float = 60, input: str | None = None,
+        in_cgroup: bool = False,
+    ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        join: list[str] = []
+        if in_cgroup:
+            assert self.sockets is not None, "no socket cgroup: the proxy is not in ebpf mode"
+            join = self.sockets.join()
+        return sh(*join, "ip", "netns", "exec", ns, *cmd, check=check, timeout=timeout,
+                  input=input)  # fmt: skip
 
     def spawn(
         self,
@@ -257,6 +266,7 @@ class World:
         timeout: float = 2.0,
         sport: int = 0,
         ns: str | None = None,
+        in_cgroup: bool = False,
     ) -> dict[str, Any]:
         args = [
             PYTHON,
@@ -271,7 +281,8 @@ class World:
         ]
         if sport:
             args += ["--sport", str(sport)]
-        res = self.exec(ns or self.client(client), *args, timeout=count * timeout + 30)
+        res = self.exec(ns or self.client(client), *args, timeout=count * timeout + 30,
+                        in_cgroup=in_cgroup)  # fmt: skip
         out: dict[str, Any] = json.loads(res.stdout)
         return out
 
@@ -296,6 +307,50 @@ class World:
         for ns in reversed(self.namespaces):
             sh("ip", "netns", "del", ns, check=False)
         self.namespaces.clear()
+
+
+class SocketCgroup:
+    """What ebpf mode attaches to in a test: a child cgroup of the test's own (never a
+    cgroup2 mount's root, which is the machine's root cgroup) and a bpffs for its pins, both
+    mounted in a temporary directory (``ip netns exec`` gives its command a /sys of its own,
+    without the machine's cgroup mounts). ``close`` (also after a failure) ends what is left
+    in the cgroup, removes it and unmounts both."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.cgroup2 = tmp / "cgroup2"
+        self.bpffs = tmp / "bpffs"
+        self.path = self.cgroup2 / f"pyproxy-test-{os.getpid()}-{tmp.name}"
+        self.cgroup2.mkdir()
+        self.bpffs.mkdir()
+        sh("mount", "-t", "cgroup2", "none", str(self.cgroup2))
+        try:
+            self.path.mkdir()
+            sh("mount", "-t", "bpf", "bpf", str(self.bpffs))
+        except BaseException:
+            self.path.rmdir() if self.path.exists() else None
+            sh("umount", str(self.cgroup2), check=False)
+            raise
+
+    @property
+    def pin_dir(self) -> Path:
+        return self.bpffs / "pyproxy"
+
+    def flags(self) -> list[str]:
+        return ["--bpf-cgroup", str(self.path), "--bpf-pin-dir", str(self.pin_dir)]
+
+    def join(self) -> list[str]:
+        """A prefix that moves the command's process into the cgroup before it runs."""
+        return ["sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "sh"]
+
+    def close(self) -> None:
+        for pid in (self.path / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        wait_for(lambda: not (self.path / "cgroup.procs").read_text().split() or None,
+                 timeout=10, what="the test cgroup to empty")  # fmt: skip
+        sh("umount", str(self.bpffs), check=False)
+        self.path.rmdir()
+        sh("umount", str(self.cgroup2), check=False)
 
 
 class Pyproxy:

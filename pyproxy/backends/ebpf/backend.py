@@ -1,0 +1,122 @@
+"""ebpf mode: nftables mode's table for every path, plus socket-level balancing for what
+starts on the node (Cilium's "hybrid": kube-proxy's rules stay, and a process in the
+programs' cgroup is connected straight to an endpoint, so its packets reach the rules already
+addressed to a pod and are not translated twice).
+
+Two engines, one per kind of kernel object, run the same sync: the nftables one (the whole of
+nftables mode) and one for the socket map, whose per-family writers write only the changed
+services' entries. The rules come first: a service the map does not balance (yet, or no
+longer) is served by them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from pyproxy.backends.base import BackendError, BackendUnavailable, SyncRequest, SyncResult
+from pyproxy.backends.ebpf.programs import DEFAULT_PIN_DIR, SocketPrograms
+from pyproxy.backends.ebpf.table import SocketCache, SocketTable
+from pyproxy.backends.ebpf.writer import ServicesMap, SocketFamily
+from pyproxy.backends.engine.engine import DeleteConntrack, Engine
+from pyproxy.backends.nftables.backend import NftablesBackend
+from pyproxy.backends.stale_conntrack import Filter
+from pyproxy.config.settings import ProxyConfig
+from pyproxy.kernel import bpf_mounts, conntrack
+from pyproxy.kernel.bpf import BpfError
+from pyproxy.kernel.nft import Nft
+from pyproxy.model.types import IPFamily, ProxyState
+
+log = logging.getLogger(__name__)
+
+
+def _no_conntrack(filters: Sequence[Filter], ipv6: bool) -> int:
+    """The socket engine's conntrack port: the nftables engine clears stale flows once."""
+    return 0
+
+
+class EbpfBackend(NftablesBackend):
+    mode = "ebpf"
+
+    def __init__(
+        self,
+        cfg: ProxyConfig,
+        nft: Nft | None = None,
+        delete_conntrack: DeleteConntrack = conntrack.delete,
+        clock: Callable[[], float] = time.monotonic,
+        services: ServicesMap | None = None,
+    ) -> None:
+        """``services``: the socket map port (default: the programs attached to
+        ``--bpf-cgroup`` and their pinned ``services`` map)."""
+        super().__init__(cfg, nft, delete_conntrack, clock)
+        self._services = services
+        self._sockets: Engine[SocketTable] | None = None
+
+    def programs(self) -> SocketPrograms:
+        cgroup = str(self.proxy.option("bpf_cgroup", "") or bpf_mounts.cgroup2_root() or "")
+        pin_dir = str(self.proxy.option("bpf_pin_dir", "") or DEFAULT_PIN_DIR)
+        return SocketPrograms(cgroup, pin_dir)
+
+    def prepare(self) -> None:
+        super().prepare()
+        self._socket_engine()
+
+    def _socket_engine(self) -> Engine[SocketTable]:
+        if self._sockets is None:
+            services = self._services
+            if services is None:
+                programs = self.programs()
+                if not programs.cgroup:
+                    raise BackendUnavailable("--mode=ebpf: no cgroup v2 hierarchy is mounted")
+                reason = programs.unusable()
+                if reason is not None:
+                    raise BackendUnavailable(f"--mode=ebpf: {reason}")
+                try:
+                    services = programs.open()
+                except (BpfError, OSError) as err:
+                    raise BackendUnavailable(f"--mode=ebpf: {err}") from None
+            families = [w.family for w in self.writers()]
+            writers = [SocketFamily(f, services) for f in families]
+            self._sockets = Engine(writers, _no_conntrack, self.clock)
+        return self._sockets
+
+    def socket_table(self, family: IPFamily) -> SocketTable | None:
+        return self._sockets.programmed(family) if self._sockets else None
+
+    def sync(self, request: SyncRequest) -> SyncResult:
+        rules = super().sync(request)
+        t0 = time.monotonic()
+        sockets = self._socket_engine().sync(request.state, request)
+        log.debug("socket map synced in %.1f ms", (time.monotonic() - t0) * 1000)
+        return SyncResult(
+            full=rules.full or sockets.full,
+            families=rules.families,
+            render_seconds=rules.render_seconds + sockets.render_seconds,
+            apply_seconds=rules.apply_seconds + sockets.apply_seconds,
+            no_local_endpoints=rules.no_local_endpoints,
+            sync_again_in=rules.sync_again_in,
+            reason=rules.reason or sockets.reason,
+        )
+
+    def render(self, state: ProxyState) -> str:
+        """nftables mode's transactions, then the socket map's intended entries."""
+        parts = [super().render(state)]
+        for family in (IPFamily.IPV4, IPFamily.IPV6):
+            table = SocketCache(family).render(state)
+            lines = [b.text for b in table.balanced()]
+            if lines:
+                head = f"# {family.value}: balanced at the socket\n"
+                parts.append(head + "\n".join(lines) + "\n")
+        return "".join(parts)
+
+    def cleanup(self) -> None:
+        """nftables mode's tables, and the programs, links and maps pinned in the pin
+        directory."""
+        super().cleanup()
+        try:
+            n = self.programs().remove()
+        except BpfError as err:
+            raise BackendError(str(err)) from None
+        if n:
+            log.info("removed %d pinned socket programs and maps", n)

@@ -1,0 +1,153 @@
+"""ebpf mode with real packets: pyproxy attaches its socket programs to a child cgroup the
+test made (``SocketCgroup``) and pins them in a bpffs of the test's own. A process in that
+cgroup (a pod on the node) is connected straight to an endpoint: the connections succeed and
+the node's conntrack holds no entry for the service address, where the same probe from
+outside the cgroup goes through nftables mode's rules (an entry per connection, DNATed). The
+pinned map follows the service, the programs outlive a SIGKILL, a restart adopts them, and
+cleanup detaches and unpins everything. The other checks of nftables mode's rules run in
+test_traffic.py; this module shows what the programs add."""
+
+from __future__ import annotations
+
+import ipaddress
+import signal
+
+import pytest
+
+from pyproxy.backends.ebpf import layout
+from pyproxy.kernel.bpf import AttachType, Map, attached
+from pyproxy.model.types import Protocol
+from tests.netns.services import DNS, DNS_EP, HTTP, HTTP_EP, pods, svc
+from tests.netns.world import (
+    PYPROXY,
+    PYTHON,
+    Pyproxy,
+    SyncCounts,
+    World,
+    manifest_objects,
+    wait_for,
+)
+
+pytestmark = pytest.mark.netns
+PYPROXY_MODE = "ebpf"
+PYPROXY_FLAGS = ("--sync-period", "1h")
+VIP = "10.96.7.1"
+
+
+def services_map(world: World) -> dict[bytes, bytes]:
+    assert world.sockets is not None
+    with Map.open(str(world.sockets.pin_dir / "services")) as m:
+        return m.items()
+
+
+def head_count(entries: dict[bytes, bytes], vip: str, port: int = 80,
+               proto: Protocol = Protocol.TCP) -> int | None:  # fmt: skip
+
+    value = entries.get(layout.key(ipaddress.ip_address(vip), port, proto, 0))
+    return None if value is None else int.from_bytes(value[20:24], "little")
+
+
+def conntrack_to(world: World, vip: str) -> int:
+    """Connections the node's conntrack holds whose original destination is ``vip``."""
+    out = world.exec(world.node, "conntrack", "-L", "--orig-dst", vip, check=False)
+    return len([line for line in out.stdout.splitlines() if line.startswith(("tcp", "udp"))])
+
+
+def write_service(world: World, proxy: Pyproxy, before: SyncCounts, *idx: int) -> SyncCounts:
+    proxy.write("web", *manifest_objects(world, svc("web", VIP, [HTTP]), pods(world, *idx),
+                                         HTTP_EP))  # fmt: skip
+    return proxy.wait_programmed(before, what="the web service to be programmed")
+
+
+def test_a_pod_is_connected_straight_to_an_endpoint(world: World, proxy: Pyproxy) -> None:
+    now = proxy.wait_syncs(SyncCounts(), full=True, what="the first full sync")
+    write_service(world, proxy, now, 1, 2)
+    pod3 = world.ns_of(world.pods[2])
+    world.exec(world.node, "conntrack", "-F", check=False)
+    r = world.probe("tcp", VIP, 80, count=60, ns=pod3, in_cgroup=True)
+    assert r["errors"] == {} and set(r["replies"]) == {"pod-1", "pod-2"}, r
+    assert r["sources"] == {"pod-1": [world.pods[2].ip], "pod-2": [world.pods[2].ip]}
+    assert conntrack_to(world, VIP) == 0  # never addressed to the service on the wire
+    outside = world.probe("tcp", VIP, 80, count=10, ns=pod3)
+    assert outside["errors"] == {} and sum(outside["replies"].values()) == 10
+    assert conntrack_to(world, VIP) == 10  # the rules' DNAT: one entry per connection
+
+
+def test_the_pinned_map_follows_the_service(world: World, proxy: Pyproxy) -> None:
+    now = write_service(world, proxy, proxy.counts(), 1, 2, 4)
+    assert head_count(services_map(world), VIP) == 3
+    now = write_service(world, proxy, now, 1)
+    entries = services_map(world)
+    assert head_count(entries, VIP) == 1
+    pod3 = world.ns_of(world.pods[2])
+    r = world.probe("tcp", VIP, 80, count=20, ns=pod3, in_cgroup=True)
+    assert r["replies"] == {"pod-1": 20}, r
+    # no endpoints: no entry, and the rules refuse as upstream's do
+    write_service(world, proxy, now)
+    assert head_count(services_map(world), VIP) is None
+    refused = world.probe("tcp", VIP, 80, count=3, ns=pod3, in_cgroup=True)
+    assert refused["errors"] == {"refused": 3}, refused
+
+
+UDP_CLIENT = """
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(3)
+s.sendto(b"hi", ("{vip}", 53))
+data, source = s.recvfrom(200)
+print(data.decode().split()[0], source[0], source[1])
+"""
+
+
+def test_udp_replies_come_from_the_service_address(world: World, proxy: Pyproxy) -> None:
+    before = proxy.counts()
+    proxy.write("dns", *manifest_objects(world, svc("dns", "10.96.7.53", [DNS]),
+                                         pods(world, 2), DNS_EP))  # fmt: skip
+    proxy.wait_programmed(before, what="the dns service to be programmed")
+    pod3 = world.ns_of(world.pods[2])
+    out = world.exec(pod3, PYTHON, "-c", UDP_CLIENT.format(vip="10.96.7.53"), in_cgroup=True)
+    assert out.stdout.split() == ["pod-2", "10.96.7.53", "53"]
+    assert conntrack_to(world, "10.96.7.53") == 0
+
+
+HOOKS = (AttachType.CONNECT4, AttachType.SENDMSG4, AttachType.RECVMSG4,
+         AttachType.GETPEERNAME4, AttachType.CONNECT6, AttachType.SENDMSG6,
+         AttachType.RECVMSG6, AttachType.GETPEERNAME6)  # fmt: skip
+
+
+def programs(world: World) -> dict[AttachType, list[int]]:
+    assert world.sockets is not None
+    return {h: attached(str(world.sockets.path), h) for h in HOOKS}
+
+
+def test_the_programs_outlive_a_sigkill_and_a_restart_adopts_them(
+    world: World, proxy: Pyproxy
+) -> None:
+    write_service(world, proxy, proxy.counts(), 1, 2)  # a change from the last test's state
+    before = services_map(world)
+    progs = programs(world)
+    assert all(len(ids) == 1 for ids in progs.values()), progs
+    assert proxy.proc is not None
+    world.stop(proxy.proc, sig=signal.SIGKILL)
+    proxy.proc = None
+    pod3 = world.ns_of(world.pods[2])
+    r = world.probe("tcp", VIP, 80, count=20, ns=pod3, in_cgroup=True)
+    assert r["errors"] == {} and sum(r["replies"].values()) == 20, r  # served while down
+    proxy.start()
+    wait_for(lambda: proxy.counts().full >= 1 or None, timeout=30,
+             what="the restarted pyproxy's first full sync")  # fmt: skip
+    assert services_map(world) == before
+    after = programs(world)
+    assert all(len(ids) == 1 for ids in after.values()), after  # swapped, not attached twice
+    r = world.probe("tcp", VIP, 80, count=20, ns=pod3, in_cgroup=True)
+    assert r["errors"] == {} and set(r["replies"]) == {"pod-1", "pod-2"}, r
+
+
+def test_cleanup_detaches_and_unpins_everything(world: World, proxy: Pyproxy) -> None:
+    assert world.sockets is not None
+    proxy.stop()
+    world.exec(world.node, PYPROXY, "cleanup", "--mode=ebpf", *world.sockets.flags())
+    assert not world.sockets.pin_dir.exists()
+    assert programs(world) == {h: [] for h in HOOKS}
+    tables = world.exec(world.node, "nft", "list", "tables").stdout.splitlines()
+    assert "table ip kube-proxy" not in tables
