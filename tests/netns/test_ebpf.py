@@ -110,6 +110,39 @@ def test_udp_replies_come_from_the_service_address(world: World, proxy: Pyproxy)
     assert conntrack_to(world, "10.96.7.53") == 0
 
 
+V6_CLIENT = """
+import socket
+out = []
+s = socket.create_connection(("fd00:96::71", 80), timeout=3)
+out.append(s.makefile().readline().split()[0] + "@" + s.getpeername()[0])
+u = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+u.settimeout(3)
+u.sendto(b"hi", ("fd00:96::71", 53))
+data, source = u.recvfrom(200)
+out.append(data.decode().split()[0] + "@" + source[0])
+d = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)  # dual-stack, to the IPv4 address
+d.settimeout(3)
+d.connect(("::ffff:10.96.7.71", 80))
+out.append(d.makefile().readline().split()[0] + "@" + d.getpeername()[0])
+print(" ".join(out))
+"""
+
+
+def test_ipv6_and_a_dual_stack_socket(world: World, proxy: Pyproxy) -> None:
+    """IPv6 through the *6 programs; an IPv6 socket reaching the IPv4 service by its
+    IPv4-mapped address finds the same entry (the map keys IPv4 addresses that way)."""
+    before = proxy.counts()
+    dual = svc("dual", "10.96.7.71", [HTTP, DNS], clusterIPs=["10.96.7.71", "fd00:96::71"],
+               ipFamilies=["IPv4", "IPv6"], ipFamilyPolicy="RequireDualStack")  # fmt: skip
+    proxy.write("dual", *manifest_objects(world, dual, pods(world, 4), HTTP_EP + DNS_EP,
+                                          ipv6=True))  # fmt: skip
+    proxy.wait_programmed(before, what="the dual-stack service to be programmed")
+    pod3 = world.ns_of(world.pods[2])
+    out = world.exec(pod3, PYTHON, "-c", V6_CLIENT, in_cgroup=True).stdout.split()
+    assert out == ["pod-4@fd00:96::71", "pod-4@fd00:96::71", "pod-4@::ffff:10.96.7.71"]
+    assert conntrack_to(world, "10.96.7.71") == 0
+
+
 HOOKS = (AttachType.CONNECT4, AttachType.SENDMSG4, AttachType.RECVMSG4,
          AttachType.GETPEERNAME4, AttachType.CONNECT6, AttachType.SENDMSG6,
          AttachType.RECVMSG6, AttachType.GETPEERNAME6)  # fmt: skip
