@@ -1,6 +1,7 @@
-"""Every mode that programs the kernel's packet path (iptables, nftables), with real packets:
-a node namespace running pyproxy, pod namespaces with echo servers, client namespaces outside
-the cluster. Every assertion is about which pod answered (and what client address it saw),
+"""Every mode that programs the kernel's packet path (iptables, nftables, and ebpf mode's
+rules: these clients are outside its socket programs' cgroup, see test_ebpf.py), with real
+packets: a node namespace running pyproxy, pod namespaces with echo servers, client
+namespaces outside the cluster. Every assertion is about which pod answered (and what client address it saw),
 never about pyproxy's own output. The same tests run once per mode."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tests.netns.world import (
 )
 
 pytestmark = pytest.mark.netns
-PYPROXY_MODES = ("iptables", "nftables")
+PYPROXY_MODES = ("iptables", "nftables", "ebpf")
 
 
 def test_cluster_ip_spreads_over_ready_endpoints(world: World, proxy: Pyproxy) -> None:
@@ -254,7 +255,7 @@ def test_dual_stack_service(world: World, proxy: Pyproxy) -> None:
 
 def programmed_addresses(world: World, mode: str, version: int) -> set[str]:
     """Every address written in the mode's rules for one IP family, as whole tokens."""
-    if mode == "nftables":
+    if mode in ("nftables", "ebpf"):  # ebpf mode's rules are nftables mode's table
         family = "ip" if version == 4 else "ip6"
         text = world.exec(world.node, "nft", "list", "table", family, "kube-proxy").stdout
     else:
