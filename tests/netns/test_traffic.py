@@ -1,8 +1,8 @@
 """Every mode that programs the kernel's packet path (iptables, nftables, and ebpf mode's
 rules: these clients are outside its socket programs' cgroup, see test_ebpf.py), with real
 packets: a node namespace running pyproxy, pod namespaces with echo servers, client
-namespaces outside the cluster. Every assertion is about which pod answered (and what client address it saw),
-never about pyproxy's own output. The same tests run once per mode."""
+namespaces outside the cluster. Every assertion is about which pod answered (and what client
+address it saw), never about pyproxy's own output. The same tests run once per mode."""
 
 from __future__ import annotations
 
