@@ -38,3 +38,25 @@ def test_ipvs_mode_without_ipvs_in_the_kernel_exits_at_once(tmp_path: Path) -> N
     assert errors == ["pyproxy: error: IPVS is not available in this kernel: "
                       "(2, 'No such file or directory')"], res.stderr  # fmt: skip
     assert "retrying" not in res.stderr and took < 30
+
+
+def test_ebpf_mode_without_a_cgroup_v2_directory_exits_at_once(tmp_path: Path) -> None:
+    """A --bpf-cgroup that is not a cgroup v2 directory: nothing is attached, one line."""
+    ns = f"ppk-fe{os.getpid() % 10000}"
+    sh("ip", "netns", "add", ns)
+    try:
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        res = subprocess.run(
+            ["ip", "netns", "exec", ns, PYPROXY, "--mode=ebpf", "--manifests", str(tmp_path),
+             "--hostname-override", "n", "--metrics-bind-address", "",
+             "--healthz-bind-address", "", "--bpf-cgroup", str(tmp_path),
+             "--bpf-pin-dir", str(tmp_path / "pins")],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        sh("ip", "netns", "del", ns, check=False)
+    assert res.returncode == 1, res
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("pyproxy: error:")]
+    assert errors == [f"pyproxy: error: --mode=ebpf: --bpf-cgroup {tmp_path} is not a cgroup v2 "
+                      "directory"], res.stderr  # fmt: skip
+    assert not (tmp_path / "pins").exists()
