@@ -32,6 +32,7 @@ pytestmark = pytest.mark.netns
 PYPROXY_MODE = "ebpf"
 PYPROXY_FLAGS = ("--sync-period", "1h")
 VIP = "10.96.7.1"
+DAEMON = "http://127.0.0.1:10249"
 
 
 def services_map(world: World) -> dict[bytes, bytes]:
@@ -141,6 +142,23 @@ def test_ipv6_and_a_dual_stack_socket(world: World, proxy: Pyproxy) -> None:
     out = world.exec(pod3, PYTHON, "-c", V6_CLIENT, in_cgroup=True).stdout.split()
     assert out == ["pod-4@fd00:96::71", "pod-4@fd00:96::71", "pod-4@::ffff:10.96.7.71"]
     assert conntrack_to(world, "10.96.7.71") == 0
+
+
+def test_diff_names_a_map_entry_deleted_by_hand(world: World, proxy: Pyproxy) -> None:
+    now = write_service(world, proxy, proxy.counts(), 1)
+    assert world.sockets is not None
+    slot = layout.key(ipaddress.ip_address(VIP), 80, Protocol.TCP, 1)
+    res = world.exec(world.node, PYPROXY, "diff", "--from-daemon", DAEMON, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    with Map.open(str(world.sockets.pin_dir / "services")) as m:
+        assert m.delete(slot)
+    res = world.exec(world.node, PYPROXY, "diff", "--from-daemon", DAEMON, check=False)
+    assert res.returncode == 1, res.stdout + res.stderr
+    gone = f"{VIP}:80/tcp slot 1: {world.pods[0].ip}:8080"
+    assert res.stdout.splitlines()[:3] == ["service t/web:", "  socket map services",
+                                           f"    - {gone}"], res.stdout  # fmt: skip
+    write_service(world, proxy, now, 1, 4)  # the next sync of the service writes it again
+    assert head_count(services_map(world), VIP) == 2
 
 
 HOOKS = (AttachType.CONNECT4, AttachType.SENDMSG4, AttachType.RECVMSG4,

@@ -12,10 +12,19 @@ longer) is served by them.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 
-from pyproxy.backends.base import BackendError, BackendUnavailable, SyncRequest, SyncResult
+from pyproxy.backends.base import (
+    BackendError,
+    BackendUnavailable,
+    Difference,
+    SyncRequest,
+    SyncResult,
+    per_service,
+)
+from pyproxy.backends.ebpf import layout
 from pyproxy.backends.ebpf.programs import DEFAULT_PIN_DIR, SocketPrograms
 from pyproxy.backends.ebpf.table import SocketCache, SocketTable
 from pyproxy.backends.ebpf.writer import ServicesMap, SocketFamily
@@ -24,7 +33,7 @@ from pyproxy.backends.nftables.backend import NftablesBackend
 from pyproxy.backends.stale_conntrack import Filter
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.kernel import bpf_mounts, conntrack
-from pyproxy.kernel.bpf import BpfError
+from pyproxy.kernel.bpf import BpfError, Map
 from pyproxy.kernel.nft import Nft
 from pyproxy.model.types import IPFamily, ProxyState
 
@@ -109,6 +118,29 @@ class EbpfBackend(NftablesBackend):
                 head = f"# {family.value}: balanced at the socket\n"
                 parts.append(head + "\n".join(lines) + "\n")
         return "".join(parts)
+
+    def compare(self, state: ProxyState) -> list[Difference]:
+        """nftables mode's differences, then the socket map's entries against the render."""
+        out = super().compare(state)
+        want: dict[str, str] = {}  # line -> service
+        for family in (IPFamily.IPV4, IPFamily.IPV6):
+            for b in SocketCache(family).render(state).balanced():
+                svc = b.name.split(":", 1)[0]
+                want.update({layout.describe(k, v): svc for k, v in b.entries().items()})
+        path = os.path.join(self.programs().pin_dir, "services")
+        try:
+            with Map.open(path) as m:
+                have = {layout.describe(k, v) for k, v in m.items().items()}
+        except (BpfError, OSError) as err:
+            raise BackendError(f"cannot read the socket map {path}: {err}") from None
+        by_front = {line.split(" slot ", 1)[0]: svc for line, svc in want.items()}
+
+        def service_of(line: str) -> str:
+            return by_front.get(line.split(" slot ", 1)[0], "")
+
+        missing = sorted(line for line in want if line not in have)
+        unexpected = sorted(line for line in have if line not in want)
+        return out + per_service("socket map services", missing, unexpected, service_of)
 
     def cleanup(self) -> None:
         """nftables mode's tables, and the programs, links and maps pinned in the pin

@@ -56,4 +56,26 @@ def slot_of(key: bytes) -> int:
     return int(_KEY.unpack(key)[3])
 
 
+def _addr_text(raw: bytes) -> str:
+    addr = ipaddress.ip_address(raw[12:] if raw[:12] == _MAPPED else raw)
+    return str(addr)
+
+
+def describe(key: bytes, value: bytes) -> str:
+    """One entry as a line (``pyproxy diff``): ``10.96.0.10:80/tcp slot 1: 10.244.1.2:8080``,
+    ``... slot 0: 2 endpoints, affinity 10800s``."""
+    addr, port, proto, slot = _KEY.unpack(key)
+    name = {n: p for p, n in PROTOCOLS.items()}.get(proto)
+    host = _addr_text(addr)
+    front = f"[{host}]" if ":" in host else host
+    head = f"{front}:{int.from_bytes(port, 'big')}/{name.value.lower() if name else proto}"
+    ep, ep_port, flags, count, timeout, _ = _VALUE.unpack(value)
+    if slot == 0:
+        affinity = f", affinity {timeout}s" if flags & AFFINITY else ""
+        return f"{head} slot 0: {count} endpoints{affinity}"
+    host = _addr_text(ep)
+    target = f"[{host}]" if ":" in host else host
+    return f"{head} slot {slot}: {target}:{int.from_bytes(ep_port, 'big')}"
+
+
 assert _KEY.size == KEY_SIZE and _VALUE.size == VALUE_SIZE

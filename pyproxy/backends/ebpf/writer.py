@@ -3,8 +3,9 @@ map's entries for the family, written so that a reader never sees a service with
 endpoints. For each service, the endpoint slots first, then the head (which says how many
 there are), then the slots and heads no longer wanted: an endpoint is never looked up in a
 slot not yet written, and a service never disappears between two of its states. A partial
-sync writes only the changed services' entries; a full one writes every entry and deletes
-the family's other keys (a previous process's, adopted from the pinned map).
+sync writes only the changed services' entries (all of each: a few); a full one writes every
+entry and deletes the family's other keys (a previous process's, adopted from the pinned
+map).
 
 The map is reached only through ``ServicesMap`` (``kernel.bpf.Map`` on a kernel; a checking
 fake in the unit tests)."""
@@ -71,8 +72,10 @@ class SocketFamily:
                 old.update(before.objects.entries())
             if entry is not None:
                 want.update(entry.objects.entries())
-        changed = {k: v for k, v in want.items() if old.get(k) != v}
-        self._write(changed, [k for k in old if k not in want])
+        # All of a changed service's entries, not only those that differ from the view: a
+        # service's entries are few, and an entry lost meanwhile (deleted by hand) comes back
+        # with the service's next change rather than at the next full sync.
+        self._write(want, [k for k in old if k not in want])
         return lambda: None
 
     def _write(self, want: Mapping[bytes, bytes], gone: list[bytes]) -> None:
