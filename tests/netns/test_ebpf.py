@@ -157,8 +157,9 @@ def test_diff_names_a_map_entry_deleted_by_hand(world: World, proxy: Pyproxy) ->
     gone = f"{VIP}:80/tcp slot 1: {world.pods[0].ip}:8080"
     assert res.stdout.splitlines()[:3] == ["service t/web:", "  socket map services",
                                            f"    - {gone}"], res.stdout  # fmt: skip
-    write_service(world, proxy, now, 1, 4)  # the next sync of the service writes it again
-    assert head_count(services_map(world), VIP) == 2
+    write_service(world, proxy, now, 1, 4)  # the service's next change writes it again
+    entries = services_map(world)
+    assert head_count(entries, VIP) == 2 and slot in entries
 
 
 HOOKS = (AttachType.CONNECT4, AttachType.SENDMSG4, AttachType.RECVMSG4,
