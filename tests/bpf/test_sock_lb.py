@@ -62,9 +62,18 @@ def endpoint(ip: str, port: int) -> bytes:
     return mapped(ip) + struct.pack("!H", port) + struct.pack("=HIII", 0, 0, 0, 0)
 
 
+def member(vip: str, port: int, proto: int, ip: str, ep_port: int) -> bytes:
+    """struct member_key: the service's address, port, protocol, pad; the endpoint's."""
+    return (mapped(vip) + struct.pack("!H", port) + bytes([proto, 0]) + mapped(ip)
+            + struct.pack("!H", ep_port) + bytes(2))  # fmt: skip
+
+
 def service(m: Map, vip: str, port: int, proto: int, eps: list[tuple[str, int]],
-            flags: int = 0, timeout: int = 0, ident: int = 0) -> None:  # fmt: skip
+            flags: int = 0, timeout: int = 0, ident: int = 0,
+            members: Map | None = None) -> None:  # fmt: skip
     for i, (ip, p) in enumerate(eps, 1):
+        if members is not None:
+            members.update(member(vip, port, proto, ip, p), b"\x01\0\0\0")
         m.update(key(vip, port, proto, i), endpoint(ip, p))
     m.update(key(vip, port, proto, 0), head(len(eps), flags, timeout, ident))
 
@@ -108,9 +117,9 @@ def world() -> Iterator[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def attached() -> Iterator[tuple[Map, Path]]:
+def attached() -> Iterator[tuple[Map, Path, Map]]:
     """The programs attached to a child cgroup of the test's own (never a mount's root: that
-    is the machine's root cgroup); the services map; the cgroup."""
+    is the machine's root cgroup); the services map; the cgroup; the members map."""
     assert OBJECT.exists(), f"{OBJECT} is not built: run make install"
     cgroup = cgroup2_root() / f"pyproxy-test-{uuid.uuid4().hex[:8]}"
     cgroup.mkdir()
@@ -118,8 +127,8 @@ def attached() -> Iterator[tuple[Map, Path]]:
     obj = BpfObject(str(OBJECT))
     try:
         links += [obj.attach_cgroup(p, str(cgroup)) for p in PROGRAMS]
-        with obj.map("services") as services:
-            yield services, cgroup
+        with obj.map("services") as services, obj.map("members") as members:
+            yield services, cgroup, members
     finally:
         for link in links:
             link.destroy()
@@ -152,49 +161,54 @@ print(" ".join(out))
 
 
 def test_a_connection_to_the_service_reaches_the_pod_and_shows_the_service(
-    world: tuple[str, str], attached: tuple[Map, Path]
+    world: tuple[str, str], attached: tuple[Map, Path, Map]
 ) -> None:
-    services, cgroup = attached
+    services, cgroup, _ = attached
     service(services, "10.96.0.10", 80, socket.IPPROTO_TCP, [(POD, 8080)])
     out = run_in(cgroup, world[0], TCP_CLIENT.format(n=1, vip="10.96.0.10", port=80))
     assert out == "8080@10.96.0.10:80"
 
 
 def test_outside_the_cgroup_nothing_is_translated(
-    world: tuple[str, str], attached: tuple[Map, Path]
+    world: tuple[str, str], attached: tuple[Map, Path, Map]
 ) -> None:
-    services, _ = attached
+    services, _, _ = attached
     service(services, "10.96.0.10", 80, socket.IPPROTO_TCP, [(POD, 8080)])
     out = run_in(None, world[0], TCP_CLIENT.format(n=1, vip="10.96.0.10", port=80))
     assert out == "errno 101"  # ENETUNREACH: the client has no route to service addresses
 
 
 def test_a_service_without_endpoints_refuses(
-    world: tuple[str, str], attached: tuple[Map, Path]
+    world: tuple[str, str], attached: tuple[Map, Path, Map]
 ) -> None:
-    services, cgroup = attached
+    services, cgroup, _ = attached
     service(services, "10.96.0.11", 80, socket.IPPROTO_TCP, [])
     out = run_in(cgroup, world[0], TCP_CLIENT.format(n=1, vip="10.96.0.11", port=80))
     assert out == "errno 111"  # ECONNREFUSED, as kube-proxy's REJECT
 
 
 def test_connections_spread_over_endpoints_and_affinity_keeps_one(
-    world: tuple[str, str], attached: tuple[Map, Path]
+    world: tuple[str, str], attached: tuple[Map, Path, Map]
 ) -> None:
-    services, cgroup = attached
+    services, cgroup, members = attached
     eps = [(POD, 8080), (POD, 8081)]
     service(services, "10.96.0.12", 80, socket.IPPROTO_TCP, eps)
     spread = run_in(cgroup, world[0], TCP_CLIENT.format(n=40, vip="10.96.0.12", port=80))
     assert set(spread.split()) == {"8080@10.96.0.12:80", "8081@10.96.0.12:80"}
-    service(services, "10.96.0.13", 80, socket.IPPROTO_TCP, eps, AFFINITY, 10800, 13)
+    service(services, "10.96.0.13", 80, socket.IPPROTO_TCP, eps, AFFINITY, 10800, 13, members)
     sticky = run_in(cgroup, world[0], TCP_CLIENT.format(n=20, vip="10.96.0.13", port=80))
     assert len(set(sticky.split())) == 1, sticky
+    # the remembered endpoint stops being a member: the client is spread again, then kept
+    kept = int(sticky.split()[0].split("@")[0])
+    assert members.delete(member("10.96.0.13", 80, socket.IPPROTO_TCP, POD, kept))
+    other = run_in(cgroup, world[0], TCP_CLIENT.format(n=1, vip="10.96.0.13", port=80))
+    assert other in {"8080@10.96.0.13:80", "8081@10.96.0.13:80"}
 
 
 def test_udp_replies_come_from_the_service_address(
-    world: tuple[str, str], attached: tuple[Map, Path]
+    world: tuple[str, str], attached: tuple[Map, Path, Map]
 ) -> None:
-    services, cgroup = attached
+    services, cgroup, _ = attached
     service(services, "10.96.0.53", 53, socket.IPPROTO_UDP, [(POD, 5353)])
     out = run_in(cgroup, world[0], (
         "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(3)\n"
@@ -204,12 +218,17 @@ def test_udp_replies_come_from_the_service_address(
 
 
 def test_the_rendered_entries_are_what_the_programs_read(
-    world: tuple[str, str], attached: tuple[Map, Path]
+    world: tuple[str, str], attached: tuple[Map, Path, Map]
 ) -> None:
     """``backends/ebpf/layout.py`` against the programs: a rendered service, written as is."""
-    services, cgroup = attached
+    services, cgroup, members = attached
     eps = (Endpoint(ipaddress.ip_address(POD), 8080), Endpoint(ipaddress.ip_address(POD), 8081))
     vip = ipaddress.ip_address("10.96.0.20")
     services.update_batch(Balanced(vip, 80, Protocol.TCP, "ns/svc:http", eps).entries().items())
     spread = run_in(cgroup, world[0], TCP_CLIENT.format(n=40, vip=vip, port=80))
     assert set(spread.split()) == {"8080@10.96.0.20:80", "8081@10.96.0.20:80"}
+    sticky = Balanced(ipaddress.ip_address("10.96.0.21"), 80, Protocol.TCP, "ns/svc:http", eps, 60)
+    members.update_batch(sticky.members().items())
+    services.update_batch(sticky.entries().items())
+    kept = run_in(cgroup, world[0], TCP_CLIENT.format(n=20, vip="10.96.0.21", port=80))
+    assert len(set(kept.split())) == 1, kept

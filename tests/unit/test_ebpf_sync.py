@@ -11,7 +11,7 @@ from typing import Any
 
 from pyproxy.backends.base import SyncRequest
 from pyproxy.backends.ebpf import layout
-from pyproxy.backends.ebpf.writer import SocketFamily
+from pyproxy.backends.ebpf.writer import SocketFamily, SocketMaps
 from pyproxy.backends.engine.engine import Engine
 from pyproxy.kernel.bpf_fake import FakeMap
 from pyproxy.model.events import KINDS, Event, EventType
@@ -30,8 +30,9 @@ def tracker(objs: list[dict[str, Any]]) -> ChangeTracker:
     return t
 
 
-def engine(m: FakeMap) -> tuple[Engine[Any], SocketFamily]:
-    writer = SocketFamily(IPFamily.IPV4, m)
+def engine(m: FakeMap, members: FakeMap | None = None) -> tuple[Engine[Any], SocketFamily]:
+    members = members or FakeMap(layout.MEMBER_KEY_SIZE, 4, 1 << 20)
+    writer = SocketFamily(IPFamily.IPV4, SocketMaps(m, members))
     return Engine([writer], no_conntrack), writer
 
 
@@ -129,3 +130,32 @@ def test_a_refused_write_makes_the_next_sync_full() -> None:
     m.max_entries = 100
     assert sync(e, t.current_state(), {svc}) is True
     assert head_count(m, "10.96.0.1", 80) == 3
+
+
+def test_affinity_endpoints_are_members_while_they_have_a_slot() -> None:
+    """A remembered endpoint is used only while it is a member: it becomes one before its
+    slot is written and stops being one after its slot is gone."""
+
+    def web(*ips: str) -> dict[str, Any]:
+        eps = [endpoint(i) for i in ips]
+        return endpoint_slice("ns", "web", "web-1", eps, [port("http", 8080)])
+
+    sticky = service("ns", "web", "10.96.0.10", [port("http", 80)],
+                     sessionAffinity="ClientIP")  # fmt: skip
+    t = tracker([sticky, web("10.244.0.1", "10.244.0.2")])
+    m, members = new_map(), FakeMap(layout.MEMBER_KEY_SIZE, 4, 1 << 20)
+    e, _ = engine(m, members)
+    sync(e, t.current_state())
+
+    def member(ep: str) -> bytes:
+        return layout.member(ip("10.96.0.10"), 80, Protocol.TCP, ip(ep), 8080)
+
+    assert set(members.entries) == {member("10.244.0.1"), member("10.244.0.2")}
+    m.log.clear()
+    members.log.clear()
+    t.apply(Event("EndpointSlice", EventType.MODIFIED, obj=web("10.244.0.1")))
+    sync(e, t.current_state(), {NamespacedName("ns", "web")})
+    assert set(members.entries) == {member("10.244.0.1")}
+    assert members.log == [("update", member("10.244.0.1")), ("delete", member("10.244.0.2"))]
+    assert [(op, layout.slot_of(k)) for op, k in m.log] == [("update", 1), ("update", 0),
+                                                            ("delete", 2)]  # fmt: skip

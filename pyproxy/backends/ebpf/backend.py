@@ -27,7 +27,7 @@ from pyproxy.backends.base import (
 from pyproxy.backends.ebpf import layout
 from pyproxy.backends.ebpf.programs import DEFAULT_PIN_DIR, SocketPrograms
 from pyproxy.backends.ebpf.table import SocketCache, SocketTable
-from pyproxy.backends.ebpf.writer import ServicesMap, SocketFamily
+from pyproxy.backends.ebpf.writer import SocketFamily, SocketMaps
 from pyproxy.backends.engine.engine import DeleteConntrack, Engine
 from pyproxy.backends.nftables.backend import NftablesBackend
 from pyproxy.backends.stale_conntrack import Filter
@@ -54,12 +54,12 @@ class EbpfBackend(NftablesBackend):
         nft: Nft | None = None,
         delete_conntrack: DeleteConntrack = conntrack.delete,
         clock: Callable[[], float] = time.monotonic,
-        services: ServicesMap | None = None,
+        maps: SocketMaps | None = None,
     ) -> None:
-        """``services``: the socket map port (default: the programs attached to
-        ``--bpf-cgroup`` and their pinned ``services`` map)."""
+        """``maps``: the socket map ports (default: the programs attached to ``--bpf-cgroup``
+        and their pinned maps)."""
         super().__init__(cfg, nft, delete_conntrack, clock)
-        self._services = services
+        self._maps = maps
         self._sockets: Engine[SocketTable] | None = None
 
     def programs(self) -> SocketPrograms:
@@ -73,8 +73,8 @@ class EbpfBackend(NftablesBackend):
 
     def _socket_engine(self) -> Engine[SocketTable]:
         if self._sockets is None:
-            services = self._services
-            if services is None:
+            maps = self._maps
+            if maps is None:
                 programs = self.programs()
                 if not programs.cgroup:
                     raise BackendUnavailable("--mode=ebpf: no cgroup v2 hierarchy is mounted")
@@ -82,11 +82,11 @@ class EbpfBackend(NftablesBackend):
                 if reason is not None:
                     raise BackendUnavailable(f"--mode=ebpf: {reason}")
                 try:
-                    services = programs.open()
+                    maps = SocketMaps(*programs.open())
                 except (BpfError, OSError) as err:
                     raise BackendUnavailable(f"--mode=ebpf: {err}") from None
             families = [w.family for w in self.writers()]
-            writers = [SocketFamily(f, services) for f in families]
+            writers = [SocketFamily(f, maps) for f in families]
             self._sockets = Engine(writers, _no_conntrack, self.clock)
         return self._sockets
 

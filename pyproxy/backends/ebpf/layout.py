@@ -3,8 +3,10 @@ place Python knows it. Pure.
 
 ``services`` (hash): for each service address, port and protocol, slot 0 is the head (how
 many endpoints, flags, the affinity timeout and the service port's id) and slots 1..n its
-endpoints. Addresses are 16 bytes, an IPv4 address IPv4-mapped (``::ffff:a.b.c.d``), so one
-map serves both families; ports are in network order, as a socket's context holds them.
+endpoints. ``members`` (hash): for a service with affinity, one key per endpoint, so that the
+program knows in one lookup whether a remembered endpoint still is one. Addresses are 16
+bytes, an IPv4 address IPv4-mapped (``::ffff:a.b.c.d``), so one map serves both families;
+ports are in network order, as a socket's context holds them.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ PROTOCOLS = {Protocol.TCP: 6, Protocol.UDP: 17}
 
 KEY_SIZE = 24
 VALUE_SIZE = 32
+MEMBER_KEY_SIZE = 40
+MEMBER_VALUE = b"\x01\0\0\0"
 _KEY = struct.Struct("=16s2sBxI")  # addr, port (network order), protocol, pad, slot
 _VALUE = struct.Struct("=16s2sHIII")  # addr, port, flags, count, timeout, id
+_MEMBER = struct.Struct("=16s2sBx16s2sxx")  # service address, port, protocol; endpoint
 _MAPPED = b"\0" * 10 + b"\xff\xff"  # ::ffff:0:0/96
 
 
@@ -40,6 +45,12 @@ def key(addr: IPAddress, port: int, protocol: Protocol, slot: int) -> bytes:
 
 def head(count: int, flags: int = 0, timeout: int = 0, ident: int = 0) -> bytes:
     return _VALUE.pack(bytes(16), bytes(2), flags, count, timeout, ident)
+
+
+def member(addr: IPAddress, port: int, protocol: Protocol, ep: IPAddress, ep_port: int) -> bytes:
+    """``members`` key: the endpoint is still one of the service's (affinity checks it)."""
+    return _MEMBER.pack(address(addr), port.to_bytes(2, "big"), PROTOCOLS[protocol],
+                        address(ep), ep_port.to_bytes(2, "big"))  # fmt: skip
 
 
 def endpoint(addr: IPAddress, port: int) -> bytes:
@@ -78,4 +89,4 @@ def describe(key: bytes, value: bytes) -> str:
     return f"{head} slot {slot}: {target}:{int.from_bytes(ep_port, 'big')}"
 
 
-assert _KEY.size == KEY_SIZE and _VALUE.size == VALUE_SIZE
+assert _KEY.size == KEY_SIZE and _VALUE.size == VALUE_SIZE and _MEMBER.size == MEMBER_KEY_SIZE

@@ -56,6 +56,13 @@ class Balanced:
             out[key(slot)] = layout.endpoint(ep.ip, ep.port)
         return out
 
+    def members(self) -> dict[bytes, bytes]:
+        """Its ``members`` entries: one per endpoint when it has affinity."""
+        if not self.affinity_timeout:
+            return {}
+        return {layout.member(self.addr, self.port, self.protocol, ep.ip, ep.port):
+                layout.MEMBER_VALUE for ep in self.endpoints}  # fmt: skip
+
     @property
     def text(self) -> str:
         """One line of ``pyproxy render``: the address, the port it serves, the endpoints."""

@@ -34,6 +34,12 @@ class SocketObjects:
             out.update(b.entries())
         return out
 
+    def members(self) -> dict[bytes, bytes]:
+        out: dict[bytes, bytes] = {}
+        for b in self.balanced:
+            out.update(b.members())
+        return out
+
 
 SocketEntry = Entry[SocketObjects]
 Updates = Mapping[NamespacedName, SocketEntry | None]
@@ -50,6 +56,12 @@ class SocketTable(ServiceTable[SocketObjects]):
         out: dict[bytes, bytes] = {}
         for entry in self.entries.values():
             out.update(entry.objects.entries())
+        return out
+
+    def members_written(self) -> dict[bytes, bytes]:
+        out: dict[bytes, bytes] = {}
+        for entry in self.entries.values():
+            out.update(entry.objects.members())
         return out
 
 

@@ -63,6 +63,17 @@ struct aff_value {
 	__u64 used; /* ns, bpf_ktime_get_ns */
 };
 
+/* An endpoint of a service with affinity: whether a remembered endpoint still is one. */
+struct member_key {
+	__u32 vip[4];
+	__u16 vport;
+	__u8 proto;
+	__u8 pad;
+	__u32 addr[4];
+	__u16 port;
+	__u16 pad2;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -70,6 +81,14 @@ struct {
 	__type(key, struct svc_key);
 	__type(value, struct svc_value);
 } services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1 << 20);
+	__type(key, struct member_key);
+	__type(value, __u32);
+} members SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -85,20 +104,16 @@ struct {
 	__type(value, struct aff_value);
 } affinity SEC(".maps");
 
-static __always_inline int same(const __u32 *a, const __u32 *b)
-{
-	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
-}
-
-/* The endpoint for a client of the service whose head is ``head``: the remembered one under
- * affinity while it is still one of the service's, else one at random. */
-static __always_inline struct svc_value *pick(struct bpf_sock_addr *ctx, struct svc_key *key,
-					      struct svc_value *head)
+/* The endpoint for a client of the service whose head is ``head``, into addr and port: the
+ * remembered one under affinity while it is still one of the service's (``members``), else
+ * one at random. 0, or -1 when the slot drawn is missing (a write in progress). */
+static __always_inline int pick(struct bpf_sock_addr *ctx, struct svc_key *key,
+				struct svc_value *head, __u32 *addr, __u16 *port)
 {
 	struct aff_key ak = {};
-	struct aff_value *remembered = 0;
+	struct aff_value *remembered;
+	struct svc_value *ep;
 	__u64 now = 0;
-	__u32 count = head->count;
 
 	if (head->flags & AFFINITY) {
 		ak.netns = bpf_get_netns_cookie(ctx);
@@ -106,56 +121,62 @@ static __always_inline struct svc_value *pick(struct bpf_sock_addr *ctx, struct 
 		now = bpf_ktime_get_ns();
 		remembered = bpf_map_lookup_elem(&affinity, &ak);
 		if (remembered && now - remembered->used <= (__u64)head->timeout * 1000000000ULL) {
-			/* still an endpoint of the service? look it up by its slot walk, bounded */
-			for (__u32 i = 1; i <= 64 && i <= count; i++) {
-				struct svc_value *ep;
-				key->slot = i;
-				ep = bpf_map_lookup_elem(&services, key);
-				if (ep && same(ep->addr, remembered->addr) && ep->port == remembered->port) {
-					remembered->used = now;
-					return ep;
-				}
+			struct member_key mk = {};
+			__builtin_memcpy(mk.vip, key->addr, sizeof(mk.vip));
+			mk.vport = key->port;
+			mk.proto = key->proto;
+			__builtin_memcpy(mk.addr, remembered->addr, sizeof(mk.addr));
+			mk.port = remembered->port;
+			if (bpf_map_lookup_elem(&members, &mk)) {
+				remembered->used = now;
+				__builtin_memcpy(addr, remembered->addr, 16);
+				*port = remembered->port;
+				return 0;
 			}
 		}
 	}
-	key->slot = (bpf_get_prandom_u32() % count) + 1;
-	struct svc_value *ep = bpf_map_lookup_elem(&services, key);
-	if (ep && (head->flags & AFFINITY)) {
+	key->slot = (bpf_get_prandom_u32() % head->count) + 1;
+	ep = bpf_map_lookup_elem(&services, key);
+	if (!ep)
+		return -1;
+	__builtin_memcpy(addr, ep->addr, 16);
+	*port = ep->port;
+	if (head->flags & AFFINITY) {
 		struct aff_value av = {};
 		__builtin_memcpy(av.addr, ep->addr, sizeof(av.addr));
 		av.port = ep->port;
 		av.used = now;
 		bpf_map_update_elem(&affinity, &ak, &av, BPF_ANY);
 	}
-	return ep;
+	return 0;
 }
 
-static __always_inline void remember(struct bpf_sock_addr *ctx, struct svc_value *ep,
+static __always_inline void remember(struct bpf_sock_addr *ctx, const __u32 *addr, __u16 port,
 				     const __u32 *vip, __u16 vport)
 {
 	struct rev_key rk = {};
 	struct rev_value rv = {};
 
 	rk.cookie = bpf_get_socket_cookie(ctx);
-	__builtin_memcpy(rk.addr, ep->addr, sizeof(rk.addr));
-	rk.port = ep->port;
+	__builtin_memcpy(rk.addr, addr, sizeof(rk.addr));
+	rk.port = port;
 	__builtin_memcpy(rv.addr, vip, sizeof(rv.addr));
 	rv.port = vport;
 	bpf_map_update_elem(&reverse, &rk, &rv, BPF_ANY);
 }
 
 /* 1: proceed (translated or not ours); 0: refused (ECONNREFUSED, as kube-proxy's REJECT). */
-static __always_inline int translate(struct bpf_sock_addr *ctx, __u32 *addr, int v4)
+static __always_inline int translate(struct bpf_sock_addr *ctx, __u32 *vip, int v4)
 {
 	struct svc_key key = {};
-	struct svc_value *head, *ep;
-	__u32 vip[4];
+	struct svc_value *head;
+	__u32 addr[4];
+	__u16 port;
 	__u16 vport = (__u16)ctx->user_port;
 
 	if (ctx->protocol != IPPROTO_TCP && ctx->protocol != IPPROTO_UDP)
 		return 1;
-	__builtin_memcpy(key.addr, addr, sizeof(key.addr));
-	__builtin_memcpy(vip, addr, sizeof(vip));
+	__builtin_memcpy(key.addr, vip, sizeof(key.addr));
 	key.port = vport;
 	key.proto = ctx->protocol;
 	head = bpf_map_lookup_elem(&services, &key);
@@ -165,23 +186,22 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u32 *addr, int
 		bpf_set_retval(-ECONNREFUSED);
 		return 0;
 	}
-	ep = pick(ctx, &key, head);
-	if (!ep)
+	if (pick(ctx, &key, head, addr, &port) < 0)
 		return 1;
 	if (v4) {
-		if (ep->addr[0] || ep->addr[1] || ep->addr[2] != bpf_htonl(0xffff))
+		if (addr[0] || addr[1] || addr[2] != bpf_htonl(0xffff))
 			return 1; /* an IPv6 endpoint for an IPv4 socket: leave it to the rules */
-		ctx->user_ip4 = ep->addr[3];
+		ctx->user_ip4 = addr[3];
 	} else {
-		ctx->user_ip6[0] = ep->addr[0];
-		ctx->user_ip6[1] = ep->addr[1];
-		ctx->user_ip6[2] = ep->addr[2];
-		ctx->user_ip6[3] = ep->addr[3];
+		ctx->user_ip6[0] = addr[0];
+		ctx->user_ip6[1] = addr[1];
+		ctx->user_ip6[2] = addr[2];
+		ctx->user_ip6[3] = addr[3];
 	}
-	ctx->user_port = ep->port;
+	ctx->user_port = port;
 	/* getpeername() of a TCP socket and replies to a UDP one show the service again, as
 	 * they do through kube-proxy's DNAT */
-	remember(ctx, ep, vip, vport);
+	remember(ctx, addr, port, vip, vport);
 	return 1;
 }
 
