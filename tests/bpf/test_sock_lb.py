@@ -85,7 +85,7 @@ def sh(*argv: str) -> None:
 @pytest.fixture(scope="module")
 def world() -> Iterator[tuple[str, str]]:
     """(client namespace, pod namespace), with echo servers in the pod: TCP on 8080 and 8081
-    (each answers its own port), UDP on 5353."""
+    (each answers its own port), UDP on 5353 and 5354 (likewise)."""
     tag = uuid.uuid4().hex[:6]
     client, pod = f"pyk-bc-{tag}", f"pyk-bp-{tag}"
     servers: list[subprocess.Popen[bytes]] = []
@@ -103,10 +103,12 @@ def world() -> Iterator[tuple[str, str]]:
                 f"socket.SO_REUSEADDR,1);s.bind(('0.0.0.0',{port}));s.listen(64)\n"
                 "while True:\n c,a=s.accept();c.sendall(b'%d' % s.getsockname()[1]);c.close()"
             )]))  # fmt: skip
-        servers.append(subprocess.Popen(["ip", "netns", "exec", pod, sys.executable, "-c", (
-            "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);"
-            "s.bind(('0.0.0.0',5353))\nwhile True:\n d,a=s.recvfrom(100);s.sendto(b'echo '+d,a)"
-        )]))  # fmt: skip
+        for port in (5353, 5354):
+            servers.append(subprocess.Popen(["ip", "netns", "exec", pod, sys.executable, "-c", (
+                "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);"
+                f"s.bind(('0.0.0.0',{port}))\nwhile True:\n d,a=s.recvfrom(100);"
+                f"s.sendto(b'{port} '+d,a)"
+            )]))  # fmt: skip
         yield client, pod
     finally:
         for s in servers:
@@ -214,7 +216,41 @@ def test_udp_replies_come_from_the_service_address(
         "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(3)\n"
         "s.sendto(b'q',('10.96.0.53',53));d,a=s.recvfrom(100);print(d.decode(),a[0],a[1])"
     ))  # fmt: skip
-    assert out == "echo q 10.96.0.53 53"
+    assert out == "5353 q 10.96.0.53 53"
+
+
+UDP_SOCKETS = """
+import socket
+seen = []
+for _ in range(20):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(3)
+    ports = set()
+    for _ in range(10):
+        s.sendto(b"q", ("10.96.0.54", 53))
+        ports.add(s.recvfrom(100)[0].split()[0].decode())
+    seen.append(",".join(sorted(ports)))
+c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    c.connect(("10.96.0.54", 53))
+    seen.append("connected")
+except OSError as e:
+    seen.append("errno_%d" % e.errno)
+print(" ".join(seen))
+"""
+
+
+def test_a_udp_socket_keeps_one_endpoint_and_a_connected_one_is_left_to_the_rules(
+    world: tuple[str, str], attached: tuple[Map, Path, Map]
+) -> None:
+    """Ten datagrams of one unconnected socket reach one endpoint (as one conntrack flow
+    does through the rules); twenty sockets between them reach both. Connecting a UDP socket
+    is not translated: here, with no rules and no route to service addresses, it fails."""
+    services, cgroup, _ = attached
+    service(services, "10.96.0.54", 53, socket.IPPROTO_UDP, [(POD, 5353), (POD, 5354)])
+    out = run_in(cgroup, world[0], UDP_SOCKETS).split()
+    assert set(out[:20]) == {"5353", "5354"}, out  # one endpoint per socket, both used
+    assert out[20] == "errno_101", out  # ENETUNREACH: the connect went untranslated
 
 
 def test_the_rendered_entries_are_what_the_programs_read(

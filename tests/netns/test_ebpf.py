@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import signal
+import subprocess
 
 import pytest
 
@@ -181,6 +182,52 @@ def test_diff_names_a_map_entry_deleted_by_hand(world: World, proxy: Pyproxy) ->
     write_service(world, proxy, now, 1, 4)  # the service's next change writes it again
     entries = services_map(world)
     assert head_count(entries, VIP) == 2 and slot in entries
+
+
+CONNECTED_UDP = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(1)
+s.connect(("10.96.7.54", 53))
+seen = []
+for line in sys.stdin:  # one datagram per line the test writes
+    try:
+        s.send(b"hi")
+        seen.append(s.recv(200).decode().split()[0])
+    except OSError:
+        seen.append("timeout")
+    print(seen[-1], flush=True)
+"""
+
+
+def test_a_connected_udp_socket_follows_a_replaced_endpoint(world: World, proxy: Pyproxy) -> None:
+    """A connected UDP socket is left to the rules, so the rules' conntrack cleanup moves it
+    to the new endpoint as in nftables mode (a socket connected to the endpoint itself would
+    keep sending to the old one, which still answers here)."""
+    before = proxy.counts()
+    proxy.write("cudp", *manifest_objects(world, svc("cudp", "10.96.7.54", [DNS]),
+                                          pods(world, 1), DNS_EP))  # fmt: skip
+    now = proxy.wait_programmed(before, what="the cudp service to be programmed")
+    assert world.sockets is not None
+    pod3 = world.ns_of(world.pods[2])
+    client = world.spawn(pod3, PYTHON, "-c", CONNECTED_UDP, stdin=subprocess.PIPE,
+                         prefix=world.sockets.join())  # fmt: skip
+    assert client.stdin is not None and client.stdout is not None
+
+    def ask() -> str:
+        assert client.stdin is not None and client.stdout is not None
+        client.stdin.write("x\n")
+        client.stdin.flush()
+        return client.stdout.readline().strip()
+
+    assert ask() == "pod-1"
+    assert conntrack_to(world, "10.96.7.54") == 1  # through the rules: DNATed, tracked
+    proxy.write("cudp", *manifest_objects(world, svc("cudp", "10.96.7.54", [DNS]),
+                                          pods(world, 2), DNS_EP))  # fmt: skip
+    proxy.wait_programmed(now, what="the endpoint replacement")
+    assert wait_for(lambda: ask() == "pod-2" or None, timeout=5,
+                    what="the same connected socket to reach pod-2")  # fmt: skip
+    world.stop(client)
 
 
 HOOKS = (AttachType.CONNECT4, AttachType.SENDMSG4, AttachType.RECVMSG4,

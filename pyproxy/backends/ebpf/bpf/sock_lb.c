@@ -135,7 +135,12 @@ static __always_inline int pick(struct bpf_sock_addr *ctx, struct svc_key *key,
 			}
 		}
 	}
-	key->slot = (bpf_get_prandom_u32() % head->count) + 1;
+	/* TCP: each connection draws; UDP: one socket keeps one endpoint, as one conntrack flow
+	 * keeps one through the rules (a datagram each would scatter a client's requests) */
+	if (ctx->protocol == IPPROTO_UDP)
+		key->slot = (__u32)(bpf_get_socket_cookie(ctx) % head->count) + 1;
+	else
+		key->slot = (bpf_get_prandom_u32() % head->count) + 1;
 	ep = bpf_map_lookup_elem(&services, key);
 	if (!ep)
 		return -1;
@@ -165,8 +170,11 @@ static __always_inline void remember(struct bpf_sock_addr *ctx, const __u32 *add
 	bpf_map_update_elem(&reverse, &rk, &rv, BPF_ANY);
 }
 
-/* 1: proceed (translated or not ours); 0: refused (ECONNREFUSED, as kube-proxy's REJECT). */
-static __always_inline int translate(struct bpf_sock_addr *ctx, __u32 *vip, int v4)
+/* 1: proceed (translated or not ours); 0: refused (ECONNREFUSED, as kube-proxy's REJECT).
+ * A UDP socket being connected is left to the rules: it would stay connected to an endpoint
+ * after the endpoint is gone, where the rules' conntrack entry is deleted with it (and the
+ * next datagram goes to another endpoint). Unconnected UDP is translated per sendmsg. */
+static __always_inline int translate(struct bpf_sock_addr *ctx, __u32 *vip, int v4, int connect)
 {
 	struct svc_key key = {};
 	struct svc_value *head;
@@ -175,6 +183,8 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u32 *vip, int 
 	__u16 vport = (__u16)ctx->user_port;
 
 	if (ctx->protocol != IPPROTO_TCP && ctx->protocol != IPPROTO_UDP)
+		return 1;
+	if (connect && ctx->protocol == IPPROTO_UDP)
 		return 1;
 	__builtin_memcpy(key.addr, vip, sizeof(key.addr));
 	key.port = vport;
@@ -249,7 +259,7 @@ int connect4(struct bpf_sock_addr *ctx)
 {
 	__u32 addr[4];
 	mapped4(addr, ctx->user_ip4);
-	return translate(ctx, addr, 1);
+	return translate(ctx, addr, 1, 1);
 }
 
 SEC("cgroup/sendmsg4")
@@ -257,7 +267,7 @@ int sendmsg4(struct bpf_sock_addr *ctx)
 {
 	__u32 addr[4];
 	mapped4(addr, ctx->user_ip4);
-	return translate(ctx, addr, 1);
+	return translate(ctx, addr, 1, 0);
 }
 
 SEC("cgroup/recvmsg4")
@@ -283,7 +293,7 @@ int connect6(struct bpf_sock_addr *ctx)
 {
 	__u32 addr[4];
 	addr6(addr, ctx);
-	return translate(ctx, addr, 0);
+	return translate(ctx, addr, 0, 1);
 }
 
 SEC("cgroup/sendmsg6")
@@ -291,7 +301,7 @@ int sendmsg6(struct bpf_sock_addr *ctx)
 {
 	__u32 addr[4];
 	addr6(addr, ctx);
-	return translate(ctx, addr, 0);
+	return translate(ctx, addr, 0, 0);
 }
 
 SEC("cgroup/recvmsg6")
