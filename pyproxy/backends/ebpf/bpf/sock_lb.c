@@ -170,6 +170,19 @@ static __always_inline void remember(struct bpf_sock_addr *ctx, const __u32 *add
 	bpf_map_update_elem(&reverse, &rk, &rv, BPF_ANY);
 }
 
+/* Point the socket's address at ``addr`` (16 bytes, IPv4-mapped for an IPv4 socket). */
+static __always_inline void write_addr(struct bpf_sock_addr *ctx, const __u32 *addr, int v4)
+{
+	if (v4) {
+		ctx->user_ip4 = addr[3];
+	} else {
+		ctx->user_ip6[0] = addr[0];
+		ctx->user_ip6[1] = addr[1];
+		ctx->user_ip6[2] = addr[2];
+		ctx->user_ip6[3] = addr[3];
+	}
+}
+
 /* 1: proceed (translated or not ours); 0: refused (ECONNREFUSED, as kube-proxy's REJECT).
  * A UDP socket being connected is left to the rules: it would stay connected to an endpoint
  * after the endpoint is gone, where the rules' conntrack entry is deleted with it (and the
@@ -198,16 +211,9 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u32 *vip, int 
 	}
 	if (pick(ctx, &key, head, addr, &port) < 0)
 		return 1;
-	if (v4) {
-		if (addr[0] || addr[1] || addr[2] != bpf_htonl(0xffff))
-			return 1; /* an IPv6 endpoint for an IPv4 socket: leave it to the rules */
-		ctx->user_ip4 = addr[3];
-	} else {
-		ctx->user_ip6[0] = addr[0];
-		ctx->user_ip6[1] = addr[1];
-		ctx->user_ip6[2] = addr[2];
-		ctx->user_ip6[3] = addr[3];
-	}
+	if (v4 && (addr[0] || addr[1] || addr[2] != bpf_htonl(0xffff)))
+		return 1; /* an IPv6 endpoint for an IPv4 socket: leave it to the rules */
+	write_addr(ctx, addr, v4);
 	ctx->user_port = port;
 	/* getpeername() of a TCP socket and replies to a UDP one show the service again, as
 	 * they do through kube-proxy's DNAT */
@@ -227,99 +233,52 @@ static __always_inline void untranslate(struct bpf_sock_addr *ctx, __u32 *addr, 
 	rv = bpf_map_lookup_elem(&reverse, &rk);
 	if (!rv)
 		return;
-	if (v4) {
-		ctx->user_ip4 = rv->addr[3];
-	} else {
-		ctx->user_ip6[0] = rv->addr[0];
-		ctx->user_ip6[1] = rv->addr[1];
-		ctx->user_ip6[2] = rv->addr[2];
-		ctx->user_ip6[3] = rv->addr[3];
-	}
+	write_addr(ctx, rv->addr, v4);
 	ctx->user_port = rv->port;
 }
 
-static __always_inline void mapped4(__u32 *addr, __u32 ip4)
+/* The address the socket names, IPv4-mapped for an IPv4 socket. */
+static __always_inline void read_addr(__u32 *addr, struct bpf_sock_addr *ctx, int v4)
 {
-	addr[0] = 0;
-	addr[1] = 0;
-	addr[2] = bpf_htonl(0xffff);
-	addr[3] = ip4;
+	if (v4) {
+		addr[0] = 0;
+		addr[1] = 0;
+		addr[2] = bpf_htonl(0xffff);
+		addr[3] = ctx->user_ip4;
+	} else {
+		addr[0] = ctx->user_ip6[0];
+		addr[1] = ctx->user_ip6[1];
+		addr[2] = ctx->user_ip6[2];
+		addr[3] = ctx->user_ip6[3];
+	}
 }
 
-static __always_inline void addr6(__u32 *addr, struct bpf_sock_addr *ctx)
-{
-	addr[0] = ctx->user_ip6[0];
-	addr[1] = ctx->user_ip6[1];
-	addr[2] = ctx->user_ip6[2];
-	addr[3] = ctx->user_ip6[3];
-}
+/* One entry point per hook and family: the hook's section name is its attach type. */
+#define FORWARD(hook, v4, connect)                                  \
+	SEC("cgroup/" #hook)                                          \
+	int hook(struct bpf_sock_addr *ctx)                           \
+	{                                                             \
+		__u32 addr[4];                                        \
+		read_addr(addr, ctx, v4);                             \
+		return translate(ctx, addr, v4, connect);             \
+	}
+#define REVERSE(hook, v4)                                           \
+	SEC("cgroup/" #hook)                                          \
+	int hook(struct bpf_sock_addr *ctx)                           \
+	{                                                             \
+		__u32 addr[4];                                        \
+		read_addr(addr, ctx, v4);                             \
+		untranslate(ctx, addr, v4);                           \
+		return 1;                                             \
+	}
 
-SEC("cgroup/connect4")
-int connect4(struct bpf_sock_addr *ctx)
-{
-	__u32 addr[4];
-	mapped4(addr, ctx->user_ip4);
-	return translate(ctx, addr, 1, 1);
-}
-
-SEC("cgroup/sendmsg4")
-int sendmsg4(struct bpf_sock_addr *ctx)
-{
-	__u32 addr[4];
-	mapped4(addr, ctx->user_ip4);
-	return translate(ctx, addr, 1, 0);
-}
-
-SEC("cgroup/recvmsg4")
-int recvmsg4(struct bpf_sock_addr *ctx)
-{
-	__u32 addr[4];
-	mapped4(addr, ctx->user_ip4);
-	untranslate(ctx, addr, 1);
-	return 1;
-}
-
-SEC("cgroup/getpeername4")
-int getpeername4(struct bpf_sock_addr *ctx)
-{
-	__u32 addr[4];
-	mapped4(addr, ctx->user_ip4);
-	untranslate(ctx, addr, 1);
-	return 1;
-}
-
-SEC("cgroup/connect6")
-int connect6(struct bpf_sock_addr *ctx)
-{
-	__u32 addr[4];
-	addr6(addr, ctx);
-	return translate(ctx, addr, 0, 1);
-}
-
-SEC("cgroup/sendmsg6")
-int sendmsg6(struct bpf_sock_addr *ctx)
-{
-	__u32 addr[4];
-	addr6(addr, ctx);
-	return translate(ctx, addr, 0, 0);
-}
-
-SEC("cgroup/recvmsg6")
-int recvmsg6(struct bpf_sock_addr *ctx)
-{
-	__u32 addr[4];
-	addr6(addr, ctx);
-	untranslate(ctx, addr, 0);
-	return 1;
-}
-
-SEC("cgroup/getpeername6")
-int getpeername6(struct bpf_sock_addr *ctx)
-{
-	__u32 addr[4];
-	addr6(addr, ctx);
-	untranslate(ctx, addr, 0);
-	return 1;
-}
+FORWARD(connect4, 1, 1)
+FORWARD(sendmsg4, 1, 0)
+REVERSE(recvmsg4, 1)
+REVERSE(getpeername4, 1)
+FORWARD(connect6, 0, 1)
+FORWARD(sendmsg6, 0, 0)
+REVERSE(recvmsg6, 0)
+REVERSE(getpeername6, 0)
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
