@@ -29,16 +29,10 @@ class SocketObjects:
     no_local_external: int = 0
 
     def entries(self) -> dict[bytes, bytes]:
-        out: dict[bytes, bytes] = {}
-        for b in self.balanced:
-            out.update(b.entries())
-        return out
+        return {k: v for b in self.balanced for k, v in b.entries().items()}
 
     def members(self) -> dict[bytes, bytes]:
-        out: dict[bytes, bytes] = {}
-        for b in self.balanced:
-            out.update(b.members())
-        return out
+        return {k: v for b in self.balanced for k, v in b.members().items()}
 
 
 SocketEntry = Entry[SocketObjects]
@@ -53,16 +47,10 @@ class SocketTable(ServiceTable[SocketObjects]):
             yield from self.entries[svc].objects.balanced
 
     def entries_written(self) -> dict[bytes, bytes]:
-        out: dict[bytes, bytes] = {}
-        for entry in self.entries.values():
-            out.update(entry.objects.entries())
-        return out
+        return {k: v for b in self.balanced() for k, v in b.entries().items()}
 
     def members_written(self) -> dict[bytes, bytes]:
-        out: dict[bytes, bytes] = {}
-        for entry in self.entries.values():
-            out.update(entry.objects.members())
-        return out
+        return {k: v for b in self.balanced() for k, v in b.members().items()}
 
 
 def render_service(
