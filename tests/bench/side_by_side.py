@@ -57,6 +57,7 @@ LAST = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
 NPL = "kubeproxy_network_programming_duration_seconds"
 SYNC = "kubeproxy_sync_proxy_rules_duration_seconds"
 PARTIAL = "kubeproxy_sync_partial_proxy_rules_duration_seconds"
+FULL = "kubeproxy_sync_full_proxy_rules_duration_seconds"
 
 
 class Slow(Exception):
@@ -132,19 +133,25 @@ def churn(p: Proxy, cluster: Cluster, n: int) -> float:
     return p.value(after, LAST) - t0
 
 
-def steady_churn(p: Proxy, cluster: Cluster, n: int, seconds: float) -> dict[str, float]:
+def steady_churn(p: Proxy, cluster: Cluster, n: int, seconds: float) -> dict[str, Any]:
     """One endpoint change a second for ``seconds`` (a large cluster's steady state): the CPU
     the proxy used meanwhile, its child processes included (iptables-restore, nft), as a share
     of one core, and its resident memory before and after."""
     settle()
     rss0, cpu0, t0 = p.rss_mb(), p.cpu_seconds(children=True), time.monotonic()
-    out: dict[str, float] = {"churn_rss_before_mb": rss0}
+    out: dict[str, Any] = {"churn_rss_before_mb": rss0}
+    minutes: list[dict[str, float]] = []  # a soak's curve: RSS and full syncs, each minute
     for k in range(int(seconds)):
         objects.change_endpoints(cluster, [random.randrange(n)], M, next(GENERATIONS))
         time.sleep(max(0.0, t0 + k + 1 - time.monotonic()))  # the pace: one a second
+        if seconds >= 600 and (k + 1) % 60 == 0:
+            full = histogram(p, p.metrics(), FULL)[0] if p.name == "pyproxy" else 0
+            minutes.append({"minute": (k + 1) // 60, "rss_mb": p.rss_mb(), "full_syncs": full})
         if (k + 1) % 600 == 0:  # a soak: RSS every 10 minutes, the first kept as its base
             out.setdefault("churn_rss_10min_mb", p.rss_mb())
             progress(f"  {p.name}: {(k + 1) // 60} min of churn, RSS {p.rss_mb():.0f} MB")
+    if minutes:
+        out["churn_minutes"] = minutes
     cpu = p.cpu_seconds(children=True) - cpu0
     out["churn_cpu_pct"] = 100 * cpu / (time.monotonic() - t0)
     out["churn_rss_after_mb"] = p.rss_mb()
