@@ -67,6 +67,9 @@ class SyncRequest:
     full: bool = True
     reason: str = ""
     """Why ``full`` (the syncer's reason: "start", "periodic", "service CIDRs changed", ...)."""
+    first_seen: float | None = None
+    """When (monotonic) the oldest change in this sync reached the tracker: what a mode that
+    reports "seen to programmed" measures from (None: nothing changed)."""
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,8 @@ class Syncer:
         changes = self.tracker.take()
         reason = self._full_reason(start, requested, changes.full_reason)
         full = bool(reason)
-        request = SyncRequest(changes.state, changes.changed_services, full, reason)
+        request = SyncRequest(changes.state, changes.changed_services, full, reason,
+                              changes.first_seen)  # fmt: skip
         try:
             result = self.backend.sync(request)
         except Exception as err:

@@ -11,11 +11,15 @@ from typing import Any
 
 from pyproxy.backends.base import SyncRequest
 from pyproxy.backends.ebpf import layout
+from pyproxy.backends.ebpf.backend import EbpfBackend
 from pyproxy.backends.ebpf.writer import SocketFamily, SocketMaps
 from pyproxy.backends.engine.engine import Engine
+from pyproxy.config.settings import ProxyConfig
 from pyproxy.kernel.bpf_fake import FakeMap
+from pyproxy.kernel.nft_fake import FakeNft
 from pyproxy.model.events import KINDS, Event, EventType
 from pyproxy.model.types import IPFamily, NamespacedName, Protocol, ProxyState
+from pyproxy.sync.syncer import Syncer
 from pyproxy.sync.tracker import ChangeTracker
 from tests.helpers import endpoint, endpoint_slice, no_conntrack, objects, port, service, slice_of
 
@@ -159,3 +163,45 @@ def test_affinity_endpoints_are_members_while_they_have_a_slot() -> None:
     assert members.log == [("update", member("10.244.0.1")), ("delete", member("10.244.0.2"))]
     assert [(op, layout.slot_of(k)) for op, k in m.log] == [("update", 1), ("update", 0),
                                                             ("delete", 2)]  # fmt: skip
+
+
+class OrderedNft(FakeNft):
+    """The checking nftables fake, noting each transaction in the shared order."""
+
+    def __init__(self, order: list[str]) -> None:
+        super().__init__()
+        self.order = order
+
+    def run(self, text: str, flags: int = 0, fresh: bool = False) -> str:
+        self.order.append("nft")
+        return super().run(text, flags, fresh)
+
+
+class OrderedMap(FakeMap):
+    def __init__(self, order: list[str]) -> None:
+        super().__init__(layout.KEY_SIZE, layout.VALUE_SIZE, 1 << 20)
+        self.order = order
+
+    def update(self, key: bytes, value: bytes) -> None:
+        self.order.append("map")
+        super().update(key, value)
+
+
+def test_a_change_reaches_the_socket_map_before_the_nftables_transaction() -> None:
+    """The map is what a change in this mode is measured by: it is written first, and the
+    sync reports how long after the tracker saw the change its entries were in the map."""
+    order: list[str] = []
+    members = FakeMap(layout.MEMBER_KEY_SIZE, 4, 1 << 20)
+    t = tracker(objects(3))
+    backend = EbpfBackend(ProxyConfig(), nft=OrderedNft(order), delete_conntrack=no_conntrack,
+                          maps=SocketMaps(OrderedMap(order), members))  # fmt: skip
+    syncer = Syncer(t, backend)
+    syncer.sync()
+    order.clear()
+    t.apply(Event("EndpointSlice", EventType.MODIFIED, slice_of(1, ["10.200.0.1"])))
+    syncer.sync()
+    assert order[0] == "map" and "nft" in order
+    assert order.index("nft") > max(i for i, what in enumerate(order) if what == "map")
+    (last,) = backend.debug_state()["socketMapWrites"][-1:]
+    assert last["full"] is False
+    assert 0 <= last["seconds"] <= last["seenToMapSeconds"]
