@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from pyproxy.backends.iptables.backend import BATCH_LINES
+from pyproxy.backends.iptables.endpoint_chain import lines
 from pyproxy.backends.iptables.render import IptablesConfig
 from pyproxy.backends.iptables.table import Rendered, Renderer, partial_restore
 from pyproxy.config.settings import ProxyConfig
@@ -43,11 +44,13 @@ def upstream_partial(new: Rendered, changed: NamespacedName) -> str:
     service's own chains."""
     out = ["*filter"]
     filt, nat = new.top("filter"), new.top("nat")
-    out += [f":{c} - [0:0]" for c in filt] + [line for lines in filt.values() for line in lines]
+    out += [f":{c} - [0:0]" for c in filt] + [line for rules in filt.values()
+                                              for line in lines(rules)]  # fmt: skip
     out += ["COMMIT", "*nat"] + [f":{c} - [0:0]" for c in nat]
-    own = new.entries[changed].render.chains
-    out += [f":{c} - [0:0]" for c in own] + [line for lines in nat.values() for line in lines]
-    out += [line for lines in own.values() for line in lines]
+    own = new.entries[changed].objects.chains
+    out += [f":{c} - [0:0]" for c in own] + [line for rules in nat.values()
+                                             for line in lines(rules)]  # fmt: skip
+    out += [line for rules in own.values() for line in lines(rules)]
     return "\n".join([*out, "COMMIT"]) + "\n"
 
 

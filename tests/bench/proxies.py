@@ -4,17 +4,20 @@ that namespace and its CPU time and peak memory read from /proc."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tests.cluster.cluster import KUBE_PROXY_TOKEN, PYPROXY_TOKEN, Cluster, binary, kubeconfig
 from tests.cluster.nsrelay import Relay, netns
-from tests.netns.world import PYPROXY, sh
+from tests.netns.world import PYPROXY, SocketCgroup, sh
 
 CLUSTER_CIDR = "10.128.0.0/9"
 LEGACY = "iptables-legacy"
@@ -37,6 +40,9 @@ class Proxy:
     ns: str = ""
     proc: subprocess.Popen[bytes] | None = None
     relay: Relay | None = None
+    sockets: SocketCgroup | None = None
+    map_latencies: list[float] = field(default_factory=list)
+    """ebpf mode: seen-to-map seconds of the measured changes."""
     started: float = 0.0
     log: Path = field(init=False)
 
@@ -51,9 +57,10 @@ class Proxy:
     def command(self, config: Path) -> list[str]:
         if self.name == "pyproxy":
             legacy = ["--iptables-backend=legacy"] if self.mode == LEGACY else []
+            sockets = self.sockets.flags() if self.sockets else []
             return [PYPROXY, f"--mode={self.proxy_mode}", f"--kubeconfig={config}",
                     "--hostname-override=node-a", f"--cluster-cidr={CLUSTER_CIDR}",
-                    *legacy]  # fmt: skip
+                    *legacy, *sockets]  # fmt: skip
         kube_proxy = binary("kube-proxy")
         assert kube_proxy is not None, "upstream kube-proxy is not built: make e2e"
         return [str(kube_proxy), f"--proxy-mode={self.proxy_mode}", f"--kubeconfig={config}",
@@ -65,6 +72,8 @@ class Proxy:
         sh("ip", "netns", "del", self.ns, check=False)  # left by an interrupted run
         sh("ip", "netns", "add", self.ns)
         sh("ip", "-n", self.ns, "link", "set", "lo", "up")
+        if self.mode == "ebpf":  # a child cgroup and a bpffs of the benchmark's own
+            self.sockets = SocketCgroup(Path(tempfile.mkdtemp(dir=self.workdir)))
         self.relay = Relay(self.ns, 6443, ("127.0.0.1", self.cluster.api_port))
         token = PYPROXY_TOKEN if self.name == "pyproxy" else KUBE_PROXY_TOKEN
         config = self.workdir / f"{self.name}.kubeconfig"
@@ -97,6 +106,9 @@ class Proxy:
                 self.proc.wait(20)
         if self.relay is not None:
             self.relay.close()
+        if self.sockets is not None:
+            self.sockets.close()
+            self.sockets = None
         sh("ip", "netns", "del", self.ns, check=False)
 
     def alive(self) -> bool:
@@ -104,14 +116,15 @@ class Proxy:
 
     # ---- what it reports ------------------------------------------------------------------
 
-    def metrics(self) -> str:
-        """GET /metrics on 127.0.0.1:10249 inside the proxy's namespace ("" if not up)."""
+    def metrics(self, path: str = "/metrics") -> str:
+        """GET ``path`` on 127.0.0.1:10249 inside the proxy's namespace: its body ("" if not
+        up)."""
         with netns(f"/run/netns/{self.ns}"):
             s = socket.socket()
         try:
             s.settimeout(10)
             s.connect(("127.0.0.1", 10249))
-            s.sendall(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            s.sendall(f"GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n".encode())
             chunks = []
             while chunk := s.recv(65536):
                 chunks.append(chunk)
@@ -119,7 +132,16 @@ class Proxy:
             return ""
         finally:
             s.close()
-        return b"".join(chunks).decode(errors="replace")
+        return b"".join(chunks).decode(errors="replace").partition("\r\n\r\n")[2]
+
+    def socket_map_writes(self) -> list[dict[str, Any]]:
+        """ebpf mode's last socket-map writes, from pyproxy's /debug/state."""
+        try:
+            state = json.loads(self.metrics("/debug/state"))
+        except ValueError:
+            return []
+        writes: list[dict[str, Any]] = state.get("backend", {}).get("socketMapWrites", [])
+        return writes
 
     def value(self, text: str, name: str, labels: str = FAMILY) -> float:
         m = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.M)
@@ -127,7 +149,7 @@ class Proxy:
 
     def kernel_services(self) -> int:
         """Service addresses the kernel of the proxy's namespace dispatches (not timed)."""
-        if self.mode == "nftables":
+        if self.mode in ("nftables", "ebpf"):
             res = subprocess.run(
                 ["ip", "netns", "exec", self.ns, "nft", "list", "map", "ip", "kube-proxy",
                  "service-ips"],

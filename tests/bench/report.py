@@ -18,6 +18,8 @@ COLUMNS = (
     ("CPU", "cpu_s", "s"),
     ("peak RSS", "peak_rss_mb", "MB"),
     ("kernel floor", "kernel_floor_s", "s"),
+    ("ebpf: maps loaded", "cold_start_map_s", "s"),
+    ("ebpf: change in the map", "change_map_p50_s", "ms"),
 )
 
 

@@ -169,4 +169,5 @@ def test_a_refused_sync_leaves_the_view_and_the_next_one_repairs_it() -> None:
     assert syncer.last_full_reason == "previous sync failed"
     assert f"add element {T} cluster-ips {{ 10.96.0.5 }}" not in text.splitlines()
     assert f"add element {T} cluster-ips {{ 10.96.0.6 }}" in text.splitlines()
-    assert ("cluster-ips", "10.96.0.5") not in fam.mirror.elements
+    assert ("cluster-ips", ("10.96.0.5",)) not in fam.mirror.elements
+    assert ("cluster-ips", ("10.96.0.6",)) in fam.mirror.elements

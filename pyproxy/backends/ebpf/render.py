@@ -47,13 +47,11 @@ class Balanced:
     def entries(self) -> dict[bytes, bytes]:
         """Its ``services`` map entries: the head in slot 0, the endpoints in slots 1..n."""
 
-        def key(slot: int) -> bytes:
-            return layout.key(self.addr, self.port, self.protocol, slot)
-
+        head, *slots = layout.keys(self.addr, self.port, self.protocol, len(self.endpoints))
         flags = layout.AFFINITY if self.affinity_timeout else 0
-        out = {key(0): layout.head(len(self.endpoints), flags, self.affinity_timeout, self.ident)}
-        for slot, ep in enumerate(self.endpoints, 1):
-            out[key(slot)] = layout.endpoint(ep.ip, ep.port)
+        out = {head: layout.head(len(self.endpoints), flags, self.affinity_timeout, self.ident)}
+        for slot, ep in zip(slots, self.endpoints, strict=True):
+            out[slot] = layout.endpoint(ep.ip, ep.port)
         return out
 
     def members(self) -> dict[bytes, bytes]:
