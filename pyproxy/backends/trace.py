@@ -21,7 +21,11 @@ ACCEPT = "accept"
 """The packet leaves pyproxy's rules unchanged (it is not a service's, or it is let through)."""
 RELAY = "relay"
 """Userspace mode: redirected to the in-process relay, which connects to the endpoint."""
-VERDICTS = (DNAT, RELAY, REJECT, DROP, ACCEPT)
+SOCKET = "socket"
+"""ebpf mode: the socket is connected straight to the endpoint by a cgroup program (no NAT)."""
+VERDICTS = (DNAT, RELAY, SOCKET, REJECT, DROP, ACCEPT)
+FORWARDED = (DNAT, RELAY, SOCKET)
+"""The verdicts that reach an endpoint."""
 AFFINITY_NOTE = ("session affinity: a client seen within the timeout goes back to its "
                  "endpoint; this trace is of a client not seen yet")  # fmt: skip
 
@@ -90,7 +94,7 @@ class Trace:
         """Reachable endpoint -> probability (summed over the branches that reach it)."""
         out: dict[str, float] = {}
         for o in self.outcomes:
-            if o.endpoint and o.verdict in (DNAT, RELAY):
+            if o.endpoint and o.verdict in FORWARDED:
                 out[o.endpoint] = out.get(o.endpoint, 0.0) + o.probability
         return out
 
@@ -117,6 +121,8 @@ _OBJECTS = (
     (re.compile(r"^IPVS (\S+) (\S+) "), "virtual server {0} {1}"),
     (re.compile(r"^  -> (\S+) "), "real server {0}"),
     (re.compile(r"^relay (\S+):"), "relay listener of {0}"),
+    (re.compile(r"^(\S+) program: services map (\S+) slot (\d+)"),
+     "program {0}|socket map entry {1} slot {2}"),
 )  # fmt: skip
 
 

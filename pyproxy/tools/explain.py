@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyproxy.backends.trace import DNAT, RELAY, Packet, Trace, objects
+from pyproxy.backends.trace import FORWARDED, RELAY, SOCKET, Packet, Trace, objects
 from pyproxy.model.selection import categorize_endpoints
 from pyproxy.model.types import (
     Endpoint,
@@ -96,7 +96,7 @@ def _paths(sp: ServicePort, state: ProxyState, walk: Walk) -> list[dict[str, Any
             sources.insert(0, ("a pod", walk.pod_sources[family]))
         for who, src in sources:
             t = walk.trace(Packet(src, ip, port, sp.protocol))
-            forwarded = [o for o in t.outcomes if o.verdict in (DNAT, RELAY)]
+            forwarded = [o for o in t.outcomes if o.verdict in FORWARDED]
             out.append({
                 "to": f"{what} {_hostport(ip, port)}", "from": f"{who} ({src})",
                 "endpoints": t.endpoints, "verdicts": sorted(t.verdicts),
@@ -199,10 +199,12 @@ def explain(
 
 def _summary(path: Mapping[str, Any]) -> str:
     eps = path["endpoints"]
-    verdicts = [v for v in path["verdicts"] if v not in (DNAT, RELAY)]
+    verdicts = [v for v in path["verdicts"] if v not in FORWARDED]
     parts = [", ".join(f"{ep} {p:.0%}" for ep, p in sorted(eps.items()))] if eps else []
     if eps and RELAY in path["verdicts"]:
         parts[0] += "; relayed from the node's address"
+    elif eps and SOCKET in path["verdicts"]:
+        parts[0] += "; connected at the socket, source IP kept"
     elif eps:
         parts[0] += "; masqueraded" if path["masquerade"] else "; source IP kept"
     names = {"reject": "rejected", "drop": "dropped", "accept": "not handled by pyproxy"}

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from pyproxy.backends.trace import DNAT, DROP, REJECT, RELAY, Outcome, Trace
+from pyproxy.backends.trace import DNAT, DROP, REJECT, RELAY, SOCKET, Outcome, Trace
 
 _WHAT = {
     DNAT: "DNAT to {ep}",
     RELAY: "relayed to {ep}",
+    SOCKET: "connected to {ep} at the socket (no NAT, no conntrack entry for the service)",
     REJECT: "REJECTED (the client is refused)",
     DROP: "DROPPED (silently)",
 }

@@ -35,13 +35,18 @@ from pyproxy.backends.ebpf.writer import SocketFamily, SocketMaps
 from pyproxy.backends.engine.engine import DeleteConntrack, Engine
 from pyproxy.backends.nftables.backend import NftablesBackend
 from pyproxy.backends.stale_conntrack import Filter
+from pyproxy.backends.trace import AFFINITY_NOTE, SOCKET, Outcome, Packet, Trace
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.kernel import bpf_mounts, conntrack
 from pyproxy.kernel.bpf import BpfError, Map
 from pyproxy.kernel.nft import Nft
-from pyproxy.model.types import IPFamily, ProxyState
+from pyproxy.model.types import Endpoint, IPAddress, IPFamily, Protocol, ProxyState
 
 log = logging.getLogger(__name__)
+
+
+def _front(addr: IPAddress) -> str:
+    return f"[{addr}]" if addr.version == 6 else str(addr)
 
 
 def _no_conntrack(filters: Sequence[Filter], ipv6: bool) -> int:
@@ -157,6 +162,39 @@ class EbpfBackend(NftablesBackend):
         missing = sorted(line for line in want if line not in have)
         unexpected = sorted(line for line in have if line not in want)
         return out + per_service("socket map services", missing, unexpected, service_of)
+
+    def trace(self, state: ProxyState, packet: Packet) -> Trace:
+        """A client in the cluster (a pod, by ``--cluster-cidr``, or this node's own address)
+        connecting to an address balanced at the socket: the program's choice, each endpoint
+        with an equal share; anything else (a client outside the cluster, an address the map
+        does not hold, a connect()ed UDP socket) takes nftables mode's rules."""
+        family, src = packet.family, packet.src
+        inside = src in state.node.local_addresses or any(
+            src in cidr for cidr in self.proxy.local_cidrs(state.node, family)
+        )
+        balanced = next((b for b in SocketCache(family).render(state).balanced()
+                         if (b.addr, b.port, b.protocol) == (packet.dst, packet.port,
+                                                              packet.protocol)), None)  # fmt: skip
+        if not inside or balanced is None:
+            return Trace(packet, self.mode, super().trace(state, packet).outcomes)
+        hook = ("connect" if packet.protocol is Protocol.TCP else "sendmsg") + family.value[-1]
+        front = f"{_front(packet.dst)}:{packet.port}/{packet.protocol.value.lower()}"
+        n = len(balanced.endpoints)
+        notes = [f"a process in the cgroup {hook} is attached to; "
+                 "a packet from outside the cluster takes the nftables rules"]  # fmt: skip
+        if packet.protocol is Protocol.UDP:
+            notes.append("an unconnected UDP socket keeps its endpoint for its life; a "
+                         "connect()ed one is left to the rules")  # fmt: skip
+        if balanced.affinity_timeout:
+            notes.append(AFFINITY_NOTE)
+        head = f"{hook} program: services map {front} slot 0 ({n} endpoint{'s' * (n != 1)})"
+
+        def chosen(slot: int, ep: Endpoint) -> Outcome:
+            step = f"{hook} program: services map {front} slot {slot}: {ep.hostport}"
+            return Outcome(SOCKET, 1 / n, ep.hostport, False, (head, step), tuple(notes))
+
+        return Trace(packet, self.mode, tuple(chosen(i, ep) for i, ep in
+                                              enumerate(balanced.endpoints, 1)))  # fmt: skip
 
     def cleanup(self) -> None:
         """nftables mode's tables, and the programs, links and maps pinned in the pin
