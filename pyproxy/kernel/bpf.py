@@ -41,7 +41,9 @@ class Cmd(enum.IntEnum):
 class MapType(enum.IntEnum):
     HASH = 1
     ARRAY = 2
+    PERCPU_HASH = 5
     LRU_HASH = 9
+    LRU_PERCPU_HASH = 10
 
 
 class Update(enum.IntEnum):
@@ -208,6 +210,21 @@ class Map:
             raise
         return v.raw
 
+    def lookup_percpu(self, key: bytes) -> list[bytes] | None:
+        """A per-CPU map's values for ``key``, one per possible CPU (the kernel copies each,
+        padded to 8 bytes)."""
+        stride = (self.value_size + 7) // 8 * 8
+        cpus = possible_cpus()
+        k, v = self._key(key), ctypes.create_string_buffer(stride * cpus)
+        try:
+            bpf(Cmd.MAP_LOOKUP_ELEM, _Elem(self.fd, 0, _addr(k), _addr(v), 0))
+        except BpfError as err:
+            if err.errno == errno.ENOENT:
+                return None
+            raise
+        raw = v.raw
+        return [raw[i * stride : i * stride + self.value_size] for i in range(cpus)]
+
     def delete(self, key: bytes) -> bool:
         """Remove ``key``; False when it was not there."""
         k = self._key(key)  # held: the kernel reads it during the call
@@ -298,6 +315,17 @@ def attached(cgroup: str, hook: AttachType) -> list[int]:
         return list(ids[: q.prog_cnt])
     finally:
         os.close(fd)
+
+
+def possible_cpus(path: str = "/sys/devices/system/cpu/possible") -> int:
+    """How many values a per-CPU map holds for a key: the possible CPUs (``0-3``, ``0,2-5``)."""
+    with open(path) as f:
+        text = f.read().strip()
+    n = 0
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        n += int(hi or lo) - int(lo) + 1
+    return n
 
 
 class MapInfo(NamedTuple):

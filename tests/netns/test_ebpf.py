@@ -10,6 +10,7 @@ test_traffic.py; this module shows what the programs add."""
 from __future__ import annotations
 
 import ipaddress
+import json
 import signal
 import subprocess
 
@@ -18,6 +19,7 @@ import pytest
 from pyproxy.backends.ebpf import layout
 from pyproxy.kernel.bpf import AttachType, Map, attached
 from pyproxy.model.types import Protocol
+from tests.netns.scrape import get
 from tests.netns.services import DNS, DNS_EP, HTTP, HTTP_EP, pods, svc
 from tests.netns.world import (
     PYPROXY,
@@ -73,6 +75,34 @@ def test_a_pod_is_connected_straight_to_an_endpoint(world: World, proxy: Pyproxy
     outside = world.probe("tcp", VIP, 80, count=10, ns=pod3)
     assert outside["errors"] == {} and sum(outside["replies"].values()) == 10
     assert conntrack_to(world, VIP) == 10  # the rules' DNAT: one entry per connection
+
+
+def socket_connections(world: World, name: str) -> int:
+    """What the daemon's /debug/traffic says was sent to ``name``'s endpoints."""
+    doc = json.loads(get(world, DAEMON + "/debug/traffic")["body"])
+    return int(doc.get(name, {}).get("connections", 0))
+
+
+def test_the_programs_count_the_connections_they_send(world: World, proxy: Pyproxy) -> None:
+    """Per service port, summed over the CPUs: exactly the connections the cgroup's
+    processes made; a connection through the rules is not the programs' (and without
+    --service-metrics the rules count nothing)."""
+    vip = "10.96.7.9"
+    before_sync = proxy.counts()
+    proxy.write("cnt", *manifest_objects(world, svc("cnt", vip, [HTTP]), pods(world, 1, 2),
+                                         HTTP_EP))  # fmt: skip
+    proxy.wait_programmed(before_sync, what="the cnt service to be programmed")
+    pod3 = world.ns_of(world.pods[2])
+    assert socket_connections(world, "t/cnt:http") == 0
+    r = world.probe("tcp", vip, 80, count=25, ns=pod3, in_cgroup=True)
+    assert r["errors"] == {} and sum(r["replies"].values()) == 25, r
+    assert socket_connections(world, "t/cnt:http") == 25
+    outside = world.probe("tcp", vip, 80, count=5, ns=pod3)
+    assert outside["errors"] == {} and sum(outside["replies"].values()) == 5, outside
+    assert socket_connections(world, "t/cnt:http") == 25
+    gone = proxy.counts()
+    proxy.remove("cnt")
+    proxy.wait_programmed(gone, what="the cnt service's removal")
 
 
 def test_the_pinned_map_follows_the_service(world: World, proxy: Pyproxy) -> None:

@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import ipaddress
 import struct
+import sys
+from pathlib import Path
+
+import pytest
 
 from pyproxy.backends.ebpf import layout
 from pyproxy.backends.ebpf.render import Balanced, render_port
+from pyproxy.kernel.bpf import possible_cpus
 from pyproxy.model.types import (
     Endpoint,
     IPFamily,
@@ -88,3 +93,15 @@ def test_render_text_names_address_service_and_endpoints() -> None:
         b.text
         == "[fd00::41]:80/udp ns1/svc1:p80 affinity 10800s -> [fd00:180::1]:53 [fd00:180::2]:53"
     )
+
+
+@pytest.mark.parametrize(("text", "cpus"), [("0\n", 1), ("0-1\n", 2), ("0,2-5\n", 5)])
+def test_per_cpu_values_are_one_per_possible_cpu(tmp_path: Path, text: str, cpus: int) -> None:
+    """The kernel copies a per-CPU map's value for each possible CPU (a list of ranges, with
+    holes on some machines); the counts are their sum."""
+    f = tmp_path / "possible"
+    f.write_text(text)
+    assert possible_cpus(str(f)) == cpus
+    values = [n.to_bytes(8, sys.byteorder) for n in (3, 0, 4)]
+    assert layout.total(values) == 7
+    assert layout.count_key(0xDEADBEEF) == (0xDEADBEEF).to_bytes(4, sys.byteorder)

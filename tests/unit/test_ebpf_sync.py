@@ -7,6 +7,7 @@ and a refused write leaves the next sync full. Counted, never timed."""
 from __future__ import annotations
 
 import ipaddress
+import zlib
 from typing import Any
 
 from pyproxy.backends.base import SyncRequest
@@ -205,3 +206,31 @@ def test_a_change_reaches_the_socket_map_before_the_nftables_transaction() -> No
     (last,) = backend.debug_state()["socketMapWrites"][-1:]
     assert last["full"] is False
     assert 0 <= last["seconds"] <= last["seenToMapSeconds"]
+
+
+class Counts:
+    """The counts map port: per-CPU values for the keys it was given."""
+
+    def __init__(self, values: dict[bytes, list[int]]) -> None:
+        self.values = values
+
+    def lookup_percpu(self, key: bytes) -> list[bytes] | None:
+        per_cpu = self.values.get(key)
+        return None if per_cpu is None else [n.to_bytes(8, "little") for n in per_cpu]
+
+
+def test_the_programs_counts_are_reported_per_service_port() -> None:
+    """Each programmed service port's count, summed over CPUs and named by the service
+    port whose head carries its id; a port the programs never sent anything to is absent."""
+    t = tracker(objects(3))
+    state = t.current_state()
+    name = next(str(sp.name) for sp in state.sorted_services(IPFamily.IPV4)
+                if sp.name.service.name == "svc-1")  # fmt: skip
+    ident = zlib.crc32(name.encode())
+    backend = EbpfBackend(ProxyConfig(), nft=FakeNft(), delete_conntrack=no_conntrack,
+                          maps=SocketMaps(new_map(), FakeMap(layout.MEMBER_KEY_SIZE, 4, 1 << 20)),
+                          counts=Counts({layout.count_key(ident): [3, 4]}))  # fmt: skip
+    Syncer(t, backend).sync()
+    traffic = backend.service_traffic()
+    assert {k: v.connections for k, v in traffic.items()} == {name: 7}
+    assert traffic[name].packets is None

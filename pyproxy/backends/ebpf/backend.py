@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,8 +25,10 @@ from pyproxy.backends.base import (
     BackendError,
     BackendUnavailable,
     Difference,
+    ServiceTraffic,
     SyncRequest,
     SyncResult,
+    by_service_port,
     per_service,
 )
 from pyproxy.backends.ebpf import layout
@@ -43,6 +46,10 @@ from pyproxy.kernel.nft import Nft
 from pyproxy.model.types import Endpoint, IPAddress, IPFamily, Protocol, ProxyState
 
 log = logging.getLogger(__name__)
+
+
+class CountsMap(typing.Protocol):
+    def lookup_percpu(self, key: bytes) -> list[bytes] | None: ...
 
 
 def _front(addr: IPAddress) -> str:
@@ -64,11 +71,13 @@ class EbpfBackend(NftablesBackend):
         delete_conntrack: DeleteConntrack = conntrack.delete,
         clock: Callable[[], float] = time.monotonic,
         maps: SocketMaps | None = None,
+        counts: CountsMap | None = None,
     ) -> None:
-        """``maps``: the socket map ports (default: the programs attached to ``--bpf-cgroup``
-        and their pinned maps)."""
+        """``maps``, ``counts``: the socket map ports (default: the programs attached to
+        ``--bpf-cgroup`` and their pinned maps)."""
         super().__init__(cfg, nft, delete_conntrack, clock)
         self._maps = maps
+        self._counts = counts
         self._sockets: Engine[SocketTable] | None = None
         self._socket_writes: tuple[dict[str, Any], ...] = ()
         """The last 8 syncs' socket-map writes (/debug/state: what the benchmark reads; a
@@ -94,7 +103,8 @@ class EbpfBackend(NftablesBackend):
                 if reason is not None:
                     raise BackendUnavailable(f"--mode=ebpf: {reason}")
                 try:
-                    maps = SocketMaps(*programs.open())
+                    services, members, self._counts = programs.open()
+                    maps = SocketMaps(services, members)
                 except (BpfError, OSError) as err:
                     raise BackendUnavailable(f"--mode=ebpf: {err}") from None
             families = [w.family for w in self.writers()]
@@ -162,6 +172,29 @@ class EbpfBackend(NftablesBackend):
         missing = sorted(line for line in want if line not in have)
         unexpected = sorted(line for line in have if line not in want)
         return out + per_service("socket map services", missing, unexpected, service_of)
+
+    def service_traffic(self) -> dict[str, ServiceTraffic]:
+        """Connections the programs sent to an endpoint (UDP: datagrams), per service port,
+        plus what the rules counted with ``--service-metrics`` (traffic from outside the
+        cluster and whatever the socket map does not hold)."""
+        try:
+            counted = list(super().service_traffic().items())
+        except BackendUnavailable:
+            counted = []
+        names: dict[int, str] = {}
+        for family in (IPFamily.IPV4, IPFamily.IPV6):
+            table = self.socket_table(family)
+            if table is not None:
+                names.update((b.ident, b.name) for b in table.balanced())
+        if self._counts is not None:
+            for ident, name in names.items():
+                try:
+                    values = self._counts.lookup_percpu(layout.count_key(ident))
+                except (BpfError, OSError) as err:
+                    raise BackendError(f"cannot read the socket counts: {err}") from None
+                if values is not None:
+                    counted.append((name, ServiceTraffic(layout.total(values))))
+        return by_service_port(counted)
 
     def trace(self, state: ProxyState, packet: Packet) -> Trace:
         """A client in the cluster (a pod, by ``--cluster-cidr``, or this node's own address)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import struct
+import sys
 
 from pyproxy.model.types import IPAddress, Protocol
 
@@ -64,6 +65,16 @@ def member(addr: IPAddress, port: int, protocol: Protocol, ep: IPAddress, ep_por
 
 def endpoint(addr: IPAddress, port: int) -> bytes:
     return _VALUE.pack(address(addr), port.to_bytes(2, "big"), 0, 0, 0, 0)
+
+
+def count_key(ident: int) -> bytes:
+    """``counts`` key: a service port's id (its head's), as the program reads it."""
+    return _SLOT_OF.pack(ident)
+
+
+def total(values: list[bytes]) -> int:
+    """A ``counts`` entry's per-CPU values (u64 each), summed."""
+    return sum(int.from_bytes(v, sys.byteorder) for v in values)
 
 
 def is_mapped(key: bytes) -> bool:

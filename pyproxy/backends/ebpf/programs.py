@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 OBJECT = Path(__file__).parent / "bpf" / "sock_lb.o"
 PROGRAMS = ("connect4", "sendmsg4", "recvmsg4", "getpeername4",
             "connect6", "sendmsg6", "recvmsg6", "getpeername6")  # fmt: skip
-MAPS = ("services", "members", "reverse", "affinity")
+MAPS = ("services", "members", "reverse", "affinity", "counts")
 DEFAULT_PIN_DIR = "/sys/fs/bpf/pyproxy"
 
 
@@ -46,9 +46,9 @@ class SocketPrograms:
             bpf_mounts.mount_bpffs(parent)
         os.makedirs(self.pin_dir, exist_ok=True)
 
-    def open(self) -> tuple[Map, Map]:
-        """Load and attach (or adopt and update) the programs; the ``services`` and
-        ``members`` maps."""
+    def open(self) -> tuple[Map, Map, Map]:
+        """Load and attach (or adopt and update) the programs; the ``services``, ``members``
+        and ``counts`` maps."""
         self._bpffs()
         pins = {m: os.path.join(self.pin_dir, m) for m in MAPS}
         with BpfObject(str(self.obj), pins) as obj:
@@ -67,7 +67,7 @@ class SocketPrograms:
                 finally:
                     link.destroy()
             log.info("socket programs attached to %s (pinned in %s)", self.cgroup, self.pin_dir)
-            return obj.map("services"), obj.map("members")
+            return obj.map("services"), obj.map("members"), obj.map("counts")
 
     def remove(self) -> int:
         """Detach and unpin what this pin directory holds; how many pins went."""

@@ -104,6 +104,25 @@ struct {
 	__type(value, struct aff_value);
 } affinity SEC(".maps");
 
+/* Per service port (its head's id): sockets sent to an endpoint (TCP: connections; UDP:
+ * datagrams), counted per CPU without atomics; pyproxy sums the CPUs when scraped. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_PERCPU_HASH);
+	__uint(max_entries, 1 << 16);
+	__type(key, __u32);
+	__type(value, __u64);
+} counts SEC(".maps");
+
+static __always_inline void count(__u32 id)
+{
+	__u64 one = 1, *n = bpf_map_lookup_elem(&counts, &id);
+
+	if (n)
+		*n += 1;
+	else
+		bpf_map_update_elem(&counts, &id, &one, BPF_NOEXIST);
+}
+
 /* The endpoint for a client of the service whose head is ``head``, into addr and port: the
  * remembered one under affinity while it is still one of the service's (``members``), else
  * one at random. 0, or -1 when the slot drawn is missing (a write in progress). */
@@ -194,6 +213,7 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u32 *vip, int 
 	__u32 addr[4];
 	__u16 port;
 	__u16 vport = (__u16)ctx->user_port;
+	__u32 id;
 
 	if (ctx->protocol != IPPROTO_TCP && ctx->protocol != IPPROTO_UDP)
 		return 1;
@@ -209,6 +229,7 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u32 *vip, int 
 		bpf_set_retval(-ECONNREFUSED);
 		return 0;
 	}
+	id = head->id;
 	if (pick(ctx, &key, head, addr, &port) < 0)
 		return 1;
 	if (v4 && (addr[0] || addr[1] || addr[2] != bpf_htonl(0xffff)))
@@ -218,6 +239,7 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u32 *vip, int 
 	/* getpeername() of a TCP socket and replies to a UDP one show the service again, as
 	 * they do through kube-proxy's DNAT */
 	remember(ctx, addr, port, vip, vport);
+	count(id);
 	return 1;
 }
 
