@@ -200,8 +200,8 @@ class Map:
         k, v = self._key(key), ctypes.create_string_buffer(value, self.value_size)
         bpf(Cmd.MAP_UPDATE_ELEM, _Elem(self.fd, 0, _addr(k), _addr(v), how))
 
-    def lookup(self, key: bytes) -> bytes | None:
-        k, v = self._key(key), ctypes.create_string_buffer(self.value_size)
+    def _lookup(self, key: bytes, size: int) -> bytes | None:
+        k, v = self._key(key), ctypes.create_string_buffer(size)
         try:
             bpf(Cmd.MAP_LOOKUP_ELEM, _Elem(self.fd, 0, _addr(k), _addr(v), 0))
         except BpfError as err:
@@ -210,19 +210,17 @@ class Map:
             raise
         return v.raw
 
+    def lookup(self, key: bytes) -> bytes | None:
+        return self._lookup(key, self.value_size)
+
     def lookup_percpu(self, key: bytes) -> list[bytes] | None:
         """A per-CPU map's values for ``key``, one per possible CPU (the kernel copies each,
         padded to 8 bytes)."""
         stride = (self.value_size + 7) // 8 * 8
         cpus = possible_cpus()
-        k, v = self._key(key), ctypes.create_string_buffer(stride * cpus)
-        try:
-            bpf(Cmd.MAP_LOOKUP_ELEM, _Elem(self.fd, 0, _addr(k), _addr(v), 0))
-        except BpfError as err:
-            if err.errno == errno.ENOENT:
-                return None
-            raise
-        raw = v.raw
+        raw = self._lookup(key, stride * cpus)
+        if raw is None:
+            return None
         return [raw[i * stride : i * stride + self.value_size] for i in range(cpus)]
 
     def delete(self, key: bytes) -> bool:

@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -36,14 +34,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.bench import objects, report
+from tests.bench import entry, objects, report
 from tests.cluster.cluster import (
     KUBE_PROXY_TOKEN,
     PYPROXY_TOKEN,
     Cluster,
     binary,
     kubeconfig,
-    missing_binaries,
 )
 from tests.cluster.nsrelay import Relay
 from tests.netns.world import CLUSTER_CIDR, NODE_CLIENT_IP, PYPROXY, SocketCgroup, World, wait_for
@@ -234,18 +231,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 def run(sizes: list[int], proxies: list[str], out: Path, quick: bool = False
         ) -> list[dict[str, Any]]:  # fmt: skip
     rows: list[dict[str, Any]] = []
-    work = Path(tempfile.mkdtemp(prefix="pyproxy-dataplane-"))
-    cluster = Cluster(work / "control-plane").start()
-    try:
-        from tests.e2e.kube import Kube
-
-        kube = Kube(cluster)
-        kube.apply_files(ROOT / "deploy" / "serviceaccount.yaml", ROOT / "deploy" / "rbac.yaml")
-        kube.node("node-a")
-        kube.patch_status("/api/v1/nodes/node-a", {"addresses": [
-            {"type": "InternalIP", "address": NODE_CLIENT_IP},
-            {"type": "Hostname", "address": "node-a"},
-        ]})  # fmt: skip
+    with entry.cluster("pyproxy-dataplane-", NODE_CLIENT_IP) as (cluster, work):
         tool = build_tool(work)
         have = 0
         vip, node_port = "", 0
@@ -268,18 +254,11 @@ def run(sizes: list[int], proxies: list[str], out: Path, quick: bool = False
                     r.close()
                 (out / "data_plane.json").write_text(json.dumps(rows, indent=1))
                 (out / "data_plane.md").write_text(markdown(rows))
-    finally:
-        cluster.stop()
-        shutil.rmtree(work, ignore_errors=True)
     return rows
 
 
-def _exit_on_term(signum: int, frame: object) -> None:
-    raise SystemExit(f"stopped by signal {signum}")  # unwinds through the clean-ups
-
-
 def main() -> int:
-    signal.signal(signal.SIGTERM, _exit_on_term)
+    why = entry.start()
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true",
                     help="10 services, one run of 0.5 s each: for CI")  # fmt: skip
@@ -287,12 +266,8 @@ def main() -> int:
     ap.add_argument("--proxies", default=",".join(PROXIES))
     ap.add_argument("--out", default=str(HERE / "results"))
     args = ap.parse_args()
-    if os.geteuid() != 0:
-        print("needs root (network namespaces)", file=sys.stderr)
-        return 1
-    if missing_binaries() or binary("kube-proxy") is None:
-        print("the control plane and kube-proxy are not built: run `make e2e` first",
-              file=sys.stderr)  # fmt: skip
+    if why:
+        print(why, file=sys.stderr)
         return 1
     out = Path(args.out) / ("quick" if args.quick else "")
     out.mkdir(parents=True, exist_ok=True)

@@ -30,22 +30,18 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import random
-import shutil
-import signal
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.bench import objects, report
+from tests.bench import entry, objects, report
 from tests.bench.kernel_floor import floor_of_namespace, render_beside_floor
 from tests.bench.proxies import Proxy
-from tests.cluster.cluster import Cluster, binary, missing_binaries
+from tests.cluster.cluster import Cluster
 
 CAP = 15 * 60.0
 M = 10
@@ -221,21 +217,7 @@ def run(
     churn_seconds: float = 0,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    work = Path(tempfile.mkdtemp(prefix="pyproxy-bench-"))
-    cluster = Cluster(work / "control-plane").start()
-    try:
-        from tests.e2e.kube import Kube
-
-        root = Path(__file__).resolve().parents[2]
-        Kube(cluster).apply_files(
-            root / "deploy" / "serviceaccount.yaml", root / "deploy" / "rbac.yaml"
-        )
-        kube = Kube(cluster)
-        kube.node("node-a")
-        kube.patch_status("/api/v1/nodes/node-a", {"addresses": [
-            {"type": "InternalIP", "address": "172.30.0.11"},
-            {"type": "Hostname", "address": "node-a"},
-        ]})  # fmt: skip
+    with entry.cluster("pyproxy-bench-", "172.30.0.11") as (cluster, work):
         have = 0
         for n in sizes:
             progress(f"N = {n}: creating services up to {n} ...")
@@ -257,18 +239,11 @@ def run(
                     finally:
                         p.stop()
             report.write(rows, out)
-    finally:
-        cluster.stop()
-        shutil.rmtree(work, ignore_errors=True)
     return rows
 
 
-def _exit_on_term(signum: int, frame: object) -> None:
-    raise SystemExit(f"stopped by signal {signum}")  # unwinds through the clean-ups
-
-
 def main() -> int:
-    signal.signal(signal.SIGTERM, _exit_on_term)
+    why = entry.start()
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="N = 200, for CI: fails only on a crash")
     ap.add_argument("--sizes", default="1000,5000,10000")
@@ -279,13 +254,8 @@ def main() -> int:
     ap.add_argument("--churn-seconds", type=float, default=300,
                     help="steady churn (one change a second) measured for this long")  # fmt: skip
     args = ap.parse_args()
-    if os.geteuid() != 0:
-        print("needs root (network namespaces)", file=sys.stderr)
-        return 1
-    if missing_binaries() or binary("kube-proxy") is None:
-        print(
-            "the control plane and kube-proxy are not built: run `make e2e` first", file=sys.stderr
-        )
+    if why:
+        print(why, file=sys.stderr)
         return 1
     sizes = [200] if args.quick else [int(s) for s in args.sizes.split(",")]
     out = Path(args.out) / ("quick" if args.quick else "")
