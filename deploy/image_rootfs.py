@@ -1,6 +1,7 @@
 """Copy into a new root filesystem only what pyproxy runs: the Python interpreter and the parts
 of its standard library a daemon can import, pyproxy's virtualenv, the netfilter tools pyproxy
-calls (iptables/ip6tables of both back ends, nft and libnftables, conntrack, modprobe), the
+calls (iptables/ip6tables of both back ends, nft and libnftables, conntrack, modprobe),
+libbpf for ebpf mode's programs (compiled in the build stage, shipped in the package), the
 shared libraries all of these load (found with ldd), and a few files from /etc. The image's
 last stage is this tree on ``scratch``: no shell, no package manager, no compiler (510 MB on
 the Debian base before, see the README for the figure now).
@@ -28,7 +29,7 @@ STDLIB_UNUSED = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2t
                  "__phello__", "site-packages", "dist-packages"}  # fmt: skip
 ETC = ["passwd", "group", "nsswitch.conf", "protocols", "services", "hosts", "ld.so.conf",
        "ld.so.conf.d", "ssl/certs/ca-certificates.crt", "ethertypes"]  # fmt: skip
-LIBS = ["libnftables.so.1"]  # loaded with ctypes, not linked
+LIBS = ["libnftables.so.1", "libbpf.so.1"]  # loaded with ctypes, not linked
 PLUGIN_DIRS = ["xtables"]  # iptables extensions, dlopened by name
 
 

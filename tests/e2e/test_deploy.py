@@ -99,3 +99,33 @@ def test_configmap_config_is_accepted_by_pyproxy(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert "not supported" not in res.stderr
     assert "! -s 10.244.0.0/16 -j KUBE-MARK-MASQ" in res.stdout
+
+
+def test_ebpf_variant_adds_its_mode_mounts_and_capabilities(kube: Kube) -> None:
+    """deploy/ebpf/ patches the DaemonSet to ebpf mode: the node's cgroup2 root and bpffs
+    mounted, NET_ADMIN and BPF (measured by tests/image/test_image.py), still not
+    privileged and with a read-only root."""
+    kustomization = yaml.safe_load((DEPLOY / "ebpf" / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == [".."]
+    patches = [DEPLOY / "ebpf" / p["path"] for p in kustomization["patches"]]
+    assert [p.name for p in patches] == ["daemonset-ebpf.yaml"]
+    kube.apply_files(DEPLOY / "daemonset.yaml")
+    try:
+        code, ds = kube.c.request(
+            "PATCH", DS + "?dryRun=All", yaml.safe_load(patches[0].read_text()),
+            content_type="application/strategic-merge-patch+json",
+        )  # fmt: skip
+        assert code == 200, ds.get("message", ds)
+    finally:
+        kube.delete(DS)
+    pod = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert "privileged" not in sc and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN", "BPF"]}
+    assert c["args"][2:] == ["--mode=ebpf", "--bpf-cgroup=/run/pyproxy/cgroup2",
+                             "--bpf-pin-dir=/sys/fs/bpf/pyproxy"]  # fmt: skip
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts["cgroup2"] == "/run/pyproxy/cgroup2" and mounts["bpffs"] == "/sys/fs/bpf"
+    paths = {v["name"]: v.get("hostPath", {}).get("path") for v in pod["volumes"]}
+    assert paths["cgroup2"] == "/sys/fs/cgroup" and paths["bpffs"] == "/sys/fs/bpf"

@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 CAPS = {"NET_ADMIN": 12, "NET_RAW": 13, "NET_BIND_SERVICE": 10, "SYS_MODULE": 16,
-        "SYS_ADMIN": 21}  # fmt: skip
+        "SYS_ADMIN": 21, "PERFMON": 38, "BPF": 39}  # fmt: skip
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
 
 

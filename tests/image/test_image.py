@@ -20,6 +20,7 @@ from tests.netns.world import (
     PYPROXY,
     PYTHON,
     ROOT,
+    SocketCgroup,
     World,
     can_run,
     names_in,
@@ -109,7 +110,7 @@ def test_image_programs_a_node(container: str, tmp_path: Path) -> None:
 
 
 CONFINED = ROOT / "tests" / "image" / "confined.py"
-CAP_BITS = {"NET_ADMIN": 12, "NET_RAW": 13}
+CAP_BITS = {"NET_ADMIN": 12, "NET_RAW": 13, "BPF": 39}
 # mode, the capabilities it needs (README "Least privilege"), its flags.
 LEAST: list[tuple[str, list[str], list[str]]] = [
     ("nftables", ["NET_ADMIN"], ["--mode=nftables"]),
@@ -118,6 +119,10 @@ LEAST: list[tuple[str, list[str], list[str]]] = [
     ("iptables-legacy", ["NET_ADMIN", "NET_RAW"], ["--mode=iptables",
      "--iptables-backend=legacy", "--iptables-localhost-nodeports=false"]),
     ("userspace", ["NET_ADMIN"], ["--mode=userspace"]),
+    # The test's own cgroup and bpffs, bound in at /cgroup and /bpf (the DaemonSet's hostPaths
+    # are the node's cgroup2 root and /sys/fs/bpf).
+    ("ebpf", ["NET_ADMIN", "BPF"], ["--mode=ebpf", "--bpf-cgroup=/cgroup",
+                                    "--bpf-pin-dir=/bpf/pyproxy"]),
 ]  # fmt: skip
 
 
@@ -139,6 +144,8 @@ def node_world(tmp_path: Path) -> Iterator[tuple[World, Path]]:
     finally:
         for mode in ("iptables", "nftables", "userspace"):
             world.exec(world.node, PYPROXY, "cleanup", f"--mode={mode}", check=False)
+        if world.sockets is not None:  # ebpf mode's: unmounting its bpffs unpins everything
+            world.sockets.close()
         world.close()
 
 
@@ -147,9 +154,12 @@ def confined(
 ) -> subprocess.Popen[str]:
     lock = manifests.parent / "xtables.lock"  # the DaemonSet's hostPath /run/xtables.lock
     lock.touch()
+    sockets = world.sockets  # ebpf mode: the test's cgroup and bpffs
+    binds = [f"{sockets.path}:/cgroup", f"{sockets.bpffs}:/bpf"] if sockets else []
     return world.spawn(
         world.node, "unshare", "--mount", "--propagation", "private", PYTHON, str(CONFINED),
         root, *[a for c in caps for a in ("--cap", c)],
+        *[a for b in binds for a in ("--bind", b)],
         "--bind", f"{manifests}:/manifests", "--bind", f"{lock}:/run/xtables.lock", "--",
         "/opt/pyproxy/bin/pyproxy", "--manifests=/manifests", "--hostname-override=node-a",
         "--cluster-cidr=10.244.0.0/16", "--metrics-bind-address=", *flags,
@@ -168,6 +178,8 @@ def test_each_mode_runs_confined_with_exactly_its_capabilities(
     mode: str, caps: list[str], flags: list[str],
 ) -> None:  # fmt: skip
     world, manifests = node_world
+    if mode == "ebpf":
+        world.sockets = SocketCgroup(tmp_path)
     with (tmp_path / "confined.log").open("w") as log:
         proc = confined(world, image_root, manifests, caps, flags, log)
         try:
@@ -178,6 +190,11 @@ def test_each_mode_runs_confined_with_exactly_its_capabilities(
             assert names_in(r) == {"pod-1", "pod-2", "pod-3"} and total(r) == 30
             r = world.probe("tcp", NODE_CLIENT_IP, 30080, count=30)
             assert names_in(r) == {"pod-1", "pod-2", "pod-3"} and total(r) == 30
+            if world.sockets:  # a pod in the cgroup: balanced by the programs it loaded
+                pod = world.ns_of(world.pods[0])
+                r = world.probe("tcp", "10.96.0.10", 80, count=30, ns=pod, in_cgroup=True)
+                assert names_in(r) == {"pod-1", "pod-2", "pod-3"} and total(r) == 30
+                assert (world.sockets.pin_dir / "link_connect4").exists()
         finally:
             world.stop(proc)
             print((tmp_path / "confined.log").read_text()[-2000:])
