@@ -4,7 +4,6 @@ that namespace and its CPU time and peak memory read from /proc."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
@@ -13,7 +12,6 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from tests.cluster.cluster import KUBE_PROXY_TOKEN, PYPROXY_TOKEN, Cluster, binary, kubeconfig
 from tests.cluster.nsrelay import Relay, netns
@@ -43,6 +41,8 @@ class Proxy:
     sockets: SocketCgroup | None = None
     map_latencies: list[float] = field(default_factory=list)
     """ebpf mode: seen-to-map seconds of the measured changes."""
+    map_writes: list[float] = field(default_factory=list)
+    """ebpf mode: how long each of those partial socket-map writes took."""
     started: float = 0.0
     log: Path = field(init=False)
 
@@ -133,15 +133,6 @@ class Proxy:
         finally:
             s.close()
         return b"".join(chunks).decode(errors="replace").partition("\r\n\r\n")[2]
-
-    def socket_map_writes(self) -> list[dict[str, Any]]:
-        """ebpf mode's last socket-map writes, from pyproxy's /debug/state."""
-        try:
-            state = json.loads(self.metrics("/debug/state"))
-        except ValueError:
-            return []
-        writes: list[dict[str, Any]] = state.get("backend", {}).get("socketMapWrites", [])
-        return writes
 
     def value(self, text: str, name: str, labels: str = FAMILY) -> float:
         m = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.M)

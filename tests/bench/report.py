@@ -20,6 +20,7 @@ COLUMNS = (
     ("kernel floor", "kernel_floor_s", "s"),
     ("ebpf: maps loaded", "cold_start_map_s", "s"),
     ("ebpf: change in the map", "change_map_p50_s", "ms"),
+    ("ebpf: its map write", "change_map_write_p50_s", "ms"),
 )
 
 

@@ -118,9 +118,9 @@ def one_change(p: Proxy, cluster: Cluster, n: int) -> tuple[float, float]:
     c1, s1 = histogram(p, after, NPL)
     d1, ds1 = histogram(p, after, SYNC)
     if p.mode == "ebpf":
-        seen = [w["seenToMapSeconds"] for w in p.socket_map_writes() if not w["full"]]
-        if seen and seen[-1] is not None:
-            p.map_latencies.append(seen[-1])
+        p.map_latencies.append(p.value(after, "pyproxy_socket_map_seen_to_written_seconds", ""))
+        p.map_writes.append(p.value(after, "pyproxy_socket_map_write_seconds",
+                                    '{kind="partial"}'))  # fmt: skip
     return (s1 - s0) / (c1 - c0), (ds1 - ds0) / max(d1 - d0, 1)
 
 
@@ -182,11 +182,13 @@ def measure(
         changes = [one_change(p, cluster, n) for _ in range(repeats)]
         row["change_latency_p50_s"] = statistics.median(c[0] for c in changes)
         row["change_sync_p50_s"] = statistics.median(c[1] for c in changes)
-        if p.mode == "ebpf":
-            full = [w["seconds"] for w in p.socket_map_writes() if w["full"]]
-            row["cold_start_map_s"] = full[0] if full else None
+        if p.mode == "ebpf":  # the first full write (no full sync since the cold start)
+            full = p.value(p.metrics(), "pyproxy_socket_map_write_seconds", '{kind="full"}')
+            row["cold_start_map_s"] = full or None
             row["change_map_p50_s"] = (statistics.median(p.map_latencies)
                                        if p.map_latencies else None)  # fmt: skip
+            row["change_map_write_p50_s"] = (statistics.median(p.map_writes)
+                                             if p.map_writes else None)  # fmt: skip
             progress(f"  {p.name}: socket map: full write {row['cold_start_map_s']} s, one "
                      f"change in the map {row['change_map_p50_s']} s after seen")  # fmt: skip
         progress(f"  {p.name}: one change {row['change_latency_p50_s'] * 1000:.0f} ms "
