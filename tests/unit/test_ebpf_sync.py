@@ -10,6 +10,8 @@ import ipaddress
 import zlib
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from pyproxy.backends.base import SyncRequest
 from pyproxy.backends.ebpf import layout
 from pyproxy.backends.ebpf.backend import EbpfBackend
@@ -206,6 +208,12 @@ def test_a_change_reaches_the_socket_map_before_the_nftables_transaction() -> No
     (last,) = backend.debug_state()["socketMapWrites"][-1:]
     assert last["full"] is False
     assert 0 <= last["seconds"] <= last["seenToMapSeconds"]
+    registry = CollectorRegistry()
+    backend.register_metrics(registry)
+    assert registry.get_sample_value("pyproxy_socket_map_write_seconds",
+                                     {"kind": "partial"}) == last["seconds"]  # fmt: skip
+    assert registry.get_sample_value("pyproxy_socket_map_seen_to_written_seconds") == last[
+        "seenToMapSeconds"]  # fmt: skip
 
 
 class Counts:
