@@ -10,9 +10,10 @@ import ipaddress
 import zlib
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 
-from pyproxy.backends.base import SyncRequest
+from pyproxy.backends.base import BackendError, SyncRequest
 from pyproxy.backends.ebpf import layout
 from pyproxy.backends.ebpf.backend import EbpfBackend
 from pyproxy.backends.ebpf.writer import SocketFamily, SocketMaps
@@ -242,3 +243,22 @@ def test_the_programs_counts_are_reported_per_service_port() -> None:
     traffic = backend.service_traffic()
     assert {k: v.connections for k, v in traffic.items()} == {name: 7}
     assert traffic[name].packets is None
+
+
+def test_a_refused_map_write_still_syncs_the_rules_and_then_fails() -> None:
+    """The map is full: the nftables transaction is still written (the rules serve every
+    service meanwhile), the sync fails so the syncer retries it in full."""
+    order: list[str] = []
+    full_map = FakeMap(layout.KEY_SIZE, layout.VALUE_SIZE, 2)  # room for less than one service
+    t = tracker(objects(3))
+    members = FakeMap(layout.MEMBER_KEY_SIZE, 4, 1 << 20)
+    nft = OrderedNft(order)
+    backend = EbpfBackend(ProxyConfig(), nft=nft, delete_conntrack=no_conntrack,
+                          maps=SocketMaps(full_map, members))  # fmt: skip
+    syncer = Syncer(t, backend)
+    with pytest.raises(BackendError, match="the nftables rules were synced"):
+        syncer.sync()
+    chains = nft.table("ip", "kube-proxy").chains
+    services = sorted(c.split("/")[1] for c in chains if c.startswith("service-") and "/" in c)
+    assert services == ["svc-0", "svc-1", "svc-2"]  # every service's rules were written
+    assert syncer.stats.failures == 1

@@ -157,8 +157,15 @@ class EbpfBackend(NftablesBackend):
         return self._sockets.programmed(family) if self._sockets else None
 
     def sync(self, request: SyncRequest) -> SyncResult:
+        """The map, then the rules; a map the kernel refuses (full, say) does not keep the
+        rules from their sync: they serve every service meanwhile, and the error is raised
+        after them, so the next sync is full and writes the map again."""
         t0 = self.clock()
-        sockets = self._socket_engine().sync(request.state, request)
+        try:
+            sockets = self._socket_engine().sync(request.state, request)
+        except BackendError as err:
+            super().sync(request)
+            raise BackendError(f"{err} (the nftables rules were synced)") from None
         t1 = self.clock()
         write = {"full": sockets.full, "seconds": round(t1 - t0, 6),
                  "seenToMapSeconds": None if request.first_seen is None
