@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -40,14 +41,13 @@ def test_every_deploy_object_passes_server_side_dry_run(kube: Kube) -> None:
 DS = "/apis/apps/v1/namespaces/kube-system/daemonsets/pyproxy"
 
 
-def test_privileged_variant_changes_only_what_it_names(kube: Kube) -> None:
-    """deploy/privileged/ patches the DaemonSet (kustomize's strategic merge, done here by the
-    API server with a dry run) to privileged with /lib/modules and localhost NodePorts on; the
-    rest of the base stays."""
-    kustomization = yaml.safe_load((DEPLOY / "privileged" / "kustomization.yaml").read_text())
+def variant(kube: Kube, name: str) -> dict[str, Any]:
+    """deploy/NAME/ (a kustomization of the base with one DaemonSet patch) applied as
+    kustomize's strategic merge does, by the API server with a dry run: the DaemonSet."""
+    kustomization = yaml.safe_load((DEPLOY / name / "kustomization.yaml").read_text())
     assert kustomization["resources"] == [".."]
-    patches = [DEPLOY / "privileged" / p["path"] for p in kustomization["patches"]]
-    assert [p.name for p in patches] == ["daemonset-privileged.yaml"]
+    patches = [DEPLOY / name / p["path"] for p in kustomization["patches"]]
+    assert [p.name for p in patches] == [f"daemonset-{name}.yaml"]
     kube.apply_files(DEPLOY / "daemonset.yaml")
     try:
         code, ds = kube.c.request(
@@ -57,6 +57,15 @@ def test_privileged_variant_changes_only_what_it_names(kube: Kube) -> None:
         assert code == 200, ds.get("message", ds)
     finally:
         kube.delete(DS)
+    out: dict[str, Any] = ds
+    return out
+
+
+def test_privileged_variant_changes_only_what_it_names(kube: Kube) -> None:
+    """deploy/privileged/ patches the DaemonSet (kustomize's strategic merge, done here by the
+    API server with a dry run) to privileged with /lib/modules and localhost NodePorts on; the
+    rest of the base stays."""
+    ds = variant(kube, "privileged")
     pod = ds["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert c["securityContext"]["privileged"] is True
@@ -105,19 +114,7 @@ def test_ebpf_variant_adds_its_mode_mounts_and_capabilities(kube: Kube) -> None:
     """deploy/ebpf/ patches the DaemonSet to ebpf mode: the node's cgroup2 root and bpffs
     mounted, NET_ADMIN and BPF (measured by tests/image/test_image.py), still not
     privileged and with a read-only root."""
-    kustomization = yaml.safe_load((DEPLOY / "ebpf" / "kustomization.yaml").read_text())
-    assert kustomization["resources"] == [".."]
-    patches = [DEPLOY / "ebpf" / p["path"] for p in kustomization["patches"]]
-    assert [p.name for p in patches] == ["daemonset-ebpf.yaml"]
-    kube.apply_files(DEPLOY / "daemonset.yaml")
-    try:
-        code, ds = kube.c.request(
-            "PATCH", DS + "?dryRun=All", yaml.safe_load(patches[0].read_text()),
-            content_type="application/strategic-merge-patch+json",
-        )  # fmt: skip
-        assert code == 200, ds.get("message", ds)
-    finally:
-        kube.delete(DS)
+    ds = variant(kube, "ebpf")
     pod = ds["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     sc = c["securityContext"]
