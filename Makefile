@@ -43,16 +43,20 @@ lint: $(BIN)/pyproxy
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-bench: $(BIN)/pyproxy
+bench: $(BIN)/pyproxy $(BPF_OBJS)
 	tests/cluster/build.sh
 	$(BIN)/python -m tests.bench.side_by_side --sizes 1000,5000,10000
 	$(BIN)/python -m tests.bench.kernel_load --services 10000 --endpoints 10 --backend nft
 	$(BIN)/python -m tests.bench.kernel_load --services 10000 --endpoints 10 --backend legacy
 	$(BIN)/python -m tests.bench.userspace
+	$(BIN)/python -m tests.bench.side_by_side --sizes 1000,10000 --modes ebpf,nftables \
+		--churn-seconds 0 --out tests/bench/results/ebpf
+	$(BIN)/python -m tests.bench.data_plane --sizes 10,10000
 
-bench-quick: $(BIN)/pyproxy
+bench-quick: $(BIN)/pyproxy $(BPF_OBJS)
 	tests/cluster/build.sh
 	$(BIN)/python -m tests.bench.side_by_side --quick
+	$(BIN)/python -m tests.bench.data_plane --quick
 
 # An hour of one endpoint change a second at 10,000 services (iptables mode): RSS every 10
 # minutes. Not in CI.
