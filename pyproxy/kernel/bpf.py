@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import errno
+import functools
 import os
 import platform
 from collections.abc import Iterable, Iterator
@@ -315,8 +316,11 @@ def attached(cgroup: str, hook: AttachType) -> list[int]:
         os.close(fd)
 
 
+@functools.cache
 def possible_cpus(path: str = "/sys/devices/system/cpu/possible") -> int:
-    """How many values a per-CPU map holds for a key: the possible CPUs (``0-3``, ``0,2-5``)."""
+    """How many values a per-CPU map holds for a key: the possible CPUs (``0-3``, ``0,2-5``).
+    Read once: they do not change while the machine runs, and a scrape reads every
+    service's counts."""
     with open(path) as f:
         text = f.read().strip()
     n = 0

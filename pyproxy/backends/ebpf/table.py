@@ -4,7 +4,7 @@ and writes only their entries. Pure: nothing here touches the kernel."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from pyproxy.backends.ebpf.render import Balanced, render_port
@@ -29,10 +29,17 @@ class SocketObjects:
     no_local_external: int = 0
 
     def entries(self) -> dict[bytes, bytes]:
-        return {k: v for b in self.balanced for k, v in b.entries().items()}
+        return _merged(self.balanced, Balanced.entries)
 
     def members(self) -> dict[bytes, bytes]:
-        return {k: v for b in self.balanced for k, v in b.members().items()}
+        return _merged(self.balanced, Balanced.members)
+
+
+def _merged(
+    balanced: Iterable[Balanced], part: Callable[[Balanced], dict[bytes, bytes]]
+) -> dict[bytes, bytes]:
+    """One map's entries (``Balanced.entries`` or ``.members``) of several addresses."""
+    return {k: v for b in balanced for k, v in part(b).items()}
 
 
 SocketEntry = Entry[SocketObjects]
@@ -46,11 +53,16 @@ class SocketTable(ServiceTable[SocketObjects]):
         for svc in sorted(self.entries):
             yield from self.entries[svc].objects.balanced
 
+    def _all(self) -> Iterator[Balanced]:
+        """Every balanced address, in no particular order (``balanced`` sorts, for render)."""
+        for entry in self.entries.values():
+            yield from entry.objects.balanced
+
     def entries_written(self) -> dict[bytes, bytes]:
-        return {k: v for b in self.balanced() for k, v in b.entries().items()}
+        return _merged(self._all(), Balanced.entries)
 
     def members_written(self) -> dict[bytes, bytes]:
-        return {k: v for b in self.balanced() for k, v in b.members().items()}
+        return _merged(self._all(), Balanced.members)
 
 
 def render_service(
