@@ -240,13 +240,18 @@ class Backend(abc.ABC):
         ``state``, normalized (counters, handles, element order); [] when they agree."""
         raise BackendUnavailable(f"pyproxy diff does not support {self.mode} mode yet")
 
-    def walker(self, state: ProxyState, family: IPFamily, make: Callable[[], W]) -> W:
+    def walker(
+        self, state: ProxyState, family: IPFamily, make: Callable[[], W], kind: str = ""
+    ) -> W:
         """The walk ``make`` builds for ``state`` (a render of every service), kept while the
-        same state is traced again: ``explain`` traces each address of a port."""
-        cache: dict[IPFamily, tuple[ProxyState, Any]] = self.__dict__.setdefault("_walkers", {})
-        hit = cache.get(family)
+        same state is traced again: ``explain`` traces each address of a port. ``kind`` keeps
+        a mode's second walk (ebpf's socket map beside nftables' rules) apart from its first."""
+        cache: dict[tuple[IPFamily, str], tuple[ProxyState, Any]] = self.__dict__.setdefault(
+            "_walkers", {}
+        )
+        hit = cache.get((family, kind))
         if hit is None or hit[0] is not state:
-            hit = cache[family] = (state, make())
+            hit = cache[family, kind] = (state, make())
         return cast(W, hit[1])
 
     def forget_walks(self) -> None:

@@ -36,6 +36,7 @@ from pyproxy.backends.base import (
 )
 from pyproxy.backends.ebpf import layout
 from pyproxy.backends.ebpf.programs import DEFAULT_PIN_DIR, SocketPrograms
+from pyproxy.backends.ebpf.render import Balanced, hostport
 from pyproxy.backends.ebpf.table import SocketCache, SocketTable
 from pyproxy.backends.ebpf.writer import SocketFamily, SocketMaps
 from pyproxy.backends.engine.engine import DeleteConntrack, Engine
@@ -82,10 +83,6 @@ class SocketMapWrites(Collector):
 
 class CountsMap(typing.Protocol):
     def lookup_percpu(self, key: bytes) -> list[bytes] | None: ...
-
-
-def _front(addr: IPAddress) -> str:
-    return f"[{addr}]" if addr.version == 6 else str(addr)
 
 
 def _no_conntrack(filters: Sequence[Filter], ipv6: bool) -> int:
@@ -248,13 +245,17 @@ class EbpfBackend(NftablesBackend):
         inside = src in state.node.local_addresses or any(
             src in cidr for cidr in self.proxy.local_cidrs(state.node, family)
         )
-        balanced = next((b for b in SocketCache(family).render(state).balanced()
-                         if (b.addr, b.port, b.protocol) == (packet.dst, packet.port,
-                                                              packet.protocol)), None)  # fmt: skip
-        if not inside or balanced is None:
+
+        def index() -> dict[tuple[IPAddress, int, Protocol], Balanced]:
+            table = SocketCache(family).render(state)
+            return {(b.addr, b.port, b.protocol): b for b in table.balanced()}
+
+        key = (packet.dst, packet.port, packet.protocol)
+        balanced = self.walker(state, family, index, kind="socket").get(key) if inside else None
+        if balanced is None:
             return Trace(packet, self.mode, super().trace(state, packet).outcomes)
         hook = ("connect" if packet.protocol is Protocol.TCP else "sendmsg") + family.value[-1]
-        front = f"{_front(packet.dst)}:{packet.port}/{packet.protocol.value.lower()}"
+        front = f"{hostport(packet.dst, packet.port)}/{packet.protocol.value.lower()}"
         n = len(balanced.endpoints)
         notes = [f"a process in the cgroup {hook} is attached to; "
                  "a packet from outside the cluster takes the nftables rules"]  # fmt: skip

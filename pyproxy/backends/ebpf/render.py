@@ -21,7 +21,7 @@ from pyproxy.model.selection import categorize_endpoints
 from pyproxy.model.types import Endpoint, IPAddress, IPFamily, NodeInfo, Protocol, ServicePort
 
 
-def _hostport(addr: IPAddress, port: int) -> str:
+def hostport(addr: IPAddress, port: int) -> str:
     return f"[{addr}]:{port}" if addr.version == 6 else f"{addr}:{port}"
 
 
@@ -66,7 +66,7 @@ class Balanced:
         """One line of ``pyproxy render``: the address, the port it serves, the endpoints."""
         affinity = f" affinity {self.affinity_timeout}s" if self.affinity_timeout else ""
         eps = " ".join(ep.hostport for ep in self.endpoints)
-        front = _hostport(self.addr, self.port)
+        front = hostport(self.addr, self.port)
         return f"{front}/{self.protocol.value.lower()} {self.name}{affinity} -> {eps}"
 
 
