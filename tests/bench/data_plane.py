@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.bench import entry, objects, report
+from tests.bench.proxies import metrics_in
 from tests.cluster.cluster import (
     KUBE_PROXY_TOKEN,
     PYPROXY_TOKEN,
@@ -148,9 +149,8 @@ class Run:
         return out
 
     def metric(self, name: str) -> float | None:
-        res = self.world.exec(self.world.node, "curl", "-s", "-m", "5",
-                              "http://127.0.0.1:10249/metrics", check=False)  # fmt: skip
-        for line in res.stdout.splitlines():
+        """``name``'s first sample (whatever its labels) on the proxy's /metrics."""
+        for line in metrics_in(self.world.node).splitlines():
             if line.startswith(name):
                 return float(line.split()[-1])
         return None

@@ -27,6 +27,24 @@ TOOLS = ("iptables", "iptables-save", "iptables-restore",
 FAMILY = '{ip_family="IPv4"}'
 
 
+def metrics_in(ns: str) -> str:
+    """GET /metrics on 127.0.0.1:10249 inside namespace ``ns``: its body ("" if not up)."""
+    with netns(f"/run/netns/{ns}"):
+        s = socket.socket()
+    try:
+        s.settimeout(10)
+        s.connect(("127.0.0.1", 10249))
+        s.sendall(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    except OSError:
+        return ""
+    finally:
+        s.close()
+    return b"".join(chunks).decode(errors="replace").partition("\r\n\r\n")[2]
+
+
 @dataclass
 class Proxy:
     """A proxy process in its own node namespace."""
@@ -116,23 +134,8 @@ class Proxy:
 
     # ---- what it reports ------------------------------------------------------------------
 
-    def metrics(self, path: str = "/metrics") -> str:
-        """GET ``path`` on 127.0.0.1:10249 inside the proxy's namespace: its body ("" if not
-        up)."""
-        with netns(f"/run/netns/{self.ns}"):
-            s = socket.socket()
-        try:
-            s.settimeout(10)
-            s.connect(("127.0.0.1", 10249))
-            s.sendall(f"GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n".encode())
-            chunks = []
-            while chunk := s.recv(65536):
-                chunks.append(chunk)
-        except OSError:
-            return ""
-        finally:
-            s.close()
-        return b"".join(chunks).decode(errors="replace").partition("\r\n\r\n")[2]
+    def metrics(self) -> str:
+        return metrics_in(self.ns)
 
     def value(self, text: str, name: str, labels: str = FAMILY) -> float:
         m = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.M)
