@@ -142,7 +142,7 @@ class Daemon:
         runner as the sync's return value.)"""
         if rec.ok and rec.state is not None:
             if rec.full:
-                memory.freeze()
+                memory.after_full_sync()
                 if self.leftovers_pending:
                     self.leftovers_pending = False
                     self.cleanup_other_modes()

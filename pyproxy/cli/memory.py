@@ -19,7 +19,7 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def freeze() -> None:
+def after_full_sync() -> None:
     """Move everything alive now out of the collector's sight (after a full sync: the state
     it built lives until the next one), and hand back to the kernel the memory the full sync
     used only while it ran."""
