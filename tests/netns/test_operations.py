@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.netns.scrape import check_mode_families, get, metric, scrape
+from tests.netns.scrape import get, metric, scrape
 from tests.netns.services import HTTP, HTTP_EP, pods, reachable, svc
 from tests.netns.world import Pyproxy, World, manifest_objects, wait_for
 
@@ -60,34 +60,6 @@ def test_metrics_move_with_syncs(world: World, proxy: Pyproxy) -> None:
         'kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.001"}' in after
     )  # upstream's buckets: ExponentialBuckets(0.001, 2, 15)
     assert get(world, "http://127.0.0.1:10249/proxyMode")["body"] == "iptables"
-
-
-def test_metric_families_are_the_modes_own(world: World, proxy: Pyproxy) -> None:
-    wait_for(lambda: get(world, "http://127.0.0.1:10249/metrics")["code"] == 200, what="metrics")
-    nat = '{ip_family="IPv4",table="nat"}'
-    before = scrape(world)
-    check_mode_families(before, "iptables")
-    full = 'kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv4"}'
-    partial = 'kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="IPv4"}'
-    proxy.write(
-        "fam", *manifest_objects(world, svc("fam", "10.96.5.9", [HTTP]), pods(world, 1), HTTP_EP)
-    )
-    reachable(world, "10.96.5.9")
-    after = wait_for(
-        lambda: (
-            lambda t: (
-                t
-                if metric(t, "kubeproxy_sync_proxy_rules_iptables_total", nat)
-                > metric(before, "kubeproxy_sync_proxy_rules_iptables_total", nat)
-                else None
-            )
-        )(scrape(world)),
-        what="the nat rule count to grow",
-    )
-    assert metric(after, "kubeproxy_sync_proxy_rules_iptables_last", nat) > 0
-    assert metric(after, full) + metric(after, partial) > metric(before, full) + metric(
-        before, partial
-    )
 
 
 def test_healthz_follows_sync_health(world: World, proxy: Pyproxy) -> None:
