@@ -1,6 +1,7 @@
 """What a mode declares about itself, in one place (its folder's ``mode.py``): its name, how
 its backend is built, its configuration sections and own settings, what of other modes' a
-start removes, and how ``pyproxy status`` reads its kernel's counters. The command line, the
+start removes (and what of its own any other mode's start removes), and how ``pyproxy
+status`` reads its kernel's counters. The command line, the
 configuration loader and the tools read modes only through these declarations
 (``pyproxy.backends.registry``), so adding a mode is a folder and one line there.
 """
@@ -35,6 +36,11 @@ class Mode:
     settings: tuple[Setting, ...] = ()
     leftovers: tuple[str, ...] = ()
     """Modes whose objects a start in this mode removes (upstream's platformCleanup)."""
+    outlives: Callable[[ProxyConfig], int] | None = None
+    """Removes what this mode leaves in the kernel that would go on serving after its
+    process, under any other mode (ebpf's pinned socket programs, which keep connecting
+    sockets from maps nobody updates); returns how many objects went. A start in any other
+    mode calls it, as it removes its ``leftovers``."""
     counters: Counters | None = None
     """None: the kernel keeps no counters this mode can show (ask the daemon)."""
 

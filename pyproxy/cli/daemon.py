@@ -246,6 +246,18 @@ class Daemon:
                     other.close()
             except Exception as err:  # e.g. no IPVS in this kernel
                 log.warning("cleaning up what %s mode left: %s", mode, err)
+        # What another mode leaves serving beyond its process (ebpf's pinned programs, which
+        # would go on balancing sockets around this mode's rules): gone too.
+        for m in registry.modes():
+            if m.name == self.cfg.mode or m.outlives is None:
+                continue
+            try:
+                n = m.outlives(self.cfg)
+            except Exception as err:
+                log.warning("removing what %s mode left: %s", m.name, err)
+            else:
+                if n:
+                    log.info("removed %d objects %s mode left", n, m.name)
 
     def shutdown(self, *_: object) -> None:
         self.stop.set()

@@ -399,7 +399,9 @@ def load(
         origins[s.name] = origin
         if s.name == "mode":
             mode = by_name[values["mode"]]
-    own = tuple((s.name, values[s.name]) for s in mode.settings)
+    # Every mode's own settings, not only this mode's: a start removes what other modes left
+    # (Mode.outlives), where their settings say it is.
+    own = tuple((s.name, values[s.name]) for s in own_settings(modes))
     return _build(values, origins, mode, own)
 
 

@@ -301,3 +301,27 @@ def test_cleanup_detaches_and_unpins_everything(world: World, proxy: Pyproxy) ->
     assert programs(world) == {h: [] for h in HOOKS}
     tables = world.exec(world.node, "nft", "list", "tables").stdout.splitlines()
     assert "table ip kube-proxy" not in tables
+
+
+def test_a_start_in_another_mode_removes_the_programs(world: World, proxy: Pyproxy) -> None:
+    """Pinned, the programs outlive their process and would go on connecting the cgroup's
+    sockets from maps nobody updates, around another mode's rules: a start in another mode
+    removes them (Mode.outlives) and its rules serve the cgroup's pods."""
+    assert world.sockets is not None
+    proxy.start()
+    proxy.wait_syncs(SyncCounts(), full=True, what="ebpf mode's first full sync")
+    assert all(len(ids) == 1 for ids in programs(world).values())
+    proxy.stop()
+    other = Pyproxy(world, proxy.manifests, proxy.log.with_name("nftables-after-ebpf.log"),
+                    *PYPROXY_FLAGS, *world.sockets.flags(), mode="nftables").start()  # fmt: skip
+    try:
+        other.wait_syncs(SyncCounts(), full=True, what="nftables mode's first full sync")
+        wait_for(lambda: programs(world) == {h: [] for h in HOOKS} or None, timeout=30,
+                 what="the socket programs to be detached")  # fmt: skip
+        assert not world.sockets.pin_dir.exists()
+        world.exec(world.node, "conntrack", "-F", check=False)
+        r = world.probe("tcp", VIP, 80, count=10, ns=world.ns_of(world.pods[2]), in_cgroup=True)
+        assert r["errors"] == {} and sum(r["replies"].values()) == 10, r
+        assert conntrack_to(world, VIP) == 10  # the rules' DNAT, no longer the socket's choice
+    finally:
+        other.stop()

@@ -389,6 +389,10 @@ class Pyproxy:
             f"127.0.0.1:{METRICS_PORT}",
             "--healthz-bind-address",
             "",
+            # A start removes what ebpf mode pinned (Mode.outlives): never look in the
+            # machine's /sys/fs/bpf (an ebpf test's own flags, later, win).
+            "--bpf-pin-dir",
+            str(log.parent / "no-pins"),
             *extra,
         ]
         self.proc: subprocess.Popen[str] | None = None

@@ -207,3 +207,11 @@ def test_detect_local_mode_node_cidr_uses_the_nodes_pod_cidr() -> None:
     assert ProxyConfig(cluster_cidrs=(net("10.0.0.0/8"),)).local_cidrs(n, IPFamily.IPV4) == (
         net("10.0.0.0/8"),
     )
+
+
+def test_every_modes_own_settings_reach_any_mode() -> None:
+    """A start in nftables mode removes what ebpf mode pinned where ebpf's own setting says
+    (Mode.outlives), so the setting is parsed and carried whatever the mode."""
+    cfg = load({"hostname_override": "n", "mode": "nftables", "bpf_pin_dir": "/x/pins"})
+    assert cfg.option("bpf_pin_dir") == "/x/pins"
+    assert load({"hostname_override": "n", "mode": "iptables"}).option("bpf_pin_dir") == ""

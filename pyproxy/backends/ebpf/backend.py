@@ -35,7 +35,7 @@ from pyproxy.backends.base import (
     per_service,
 )
 from pyproxy.backends.ebpf import layout
-from pyproxy.backends.ebpf.programs import DEFAULT_PIN_DIR, SocketPrograms
+from pyproxy.backends.ebpf.programs import SocketPrograms, pin_dir
 from pyproxy.backends.ebpf.render import Balanced, hostport
 from pyproxy.backends.ebpf.table import SocketCache, SocketTable
 from pyproxy.backends.ebpf.writer import SocketFamily, SocketMaps
@@ -114,8 +114,7 @@ class EbpfBackend(NftablesBackend):
 
     def programs(self) -> SocketPrograms:
         cgroup = str(self.proxy.option("bpf_cgroup", "") or bpf_mounts.cgroup2_root() or "")
-        pin_dir = str(self.proxy.option("bpf_pin_dir", "") or DEFAULT_PIN_DIR)
-        return SocketPrograms(cgroup, pin_dir)
+        return SocketPrograms(cgroup, pin_dir(self.proxy))
 
     def prepare(self) -> None:
         super().prepare()

@@ -9,6 +9,12 @@ from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.nodeports import NodePortAddresses
 
 
+def _outlives(cfg: ProxyConfig) -> int:
+    from pyproxy.backends.ebpf.programs import remove_pins
+
+    return remove_pins(cfg)
+
+
 def _create(cfg: ProxyConfig) -> Backend:
     from pyproxy.backends.ebpf.backend import EbpfBackend
 
@@ -41,4 +47,5 @@ MODE = Mode(
         ),
     ),
     leftovers=("iptables", "ipvs"),
+    outlives=_outlives,
 )

@@ -12,6 +12,7 @@ import logging
 import os
 from pathlib import Path
 
+from pyproxy.config.settings import ProxyConfig
 from pyproxy.kernel import bpf_mounts
 from pyproxy.kernel.bpf import BpfError, Map
 from pyproxy.kernel.libbpf import BpfObject, Link
@@ -23,6 +24,21 @@ PROGRAMS = ("connect4", "sendmsg4", "recvmsg4", "getpeername4",
             "connect6", "sendmsg6", "recvmsg6", "getpeername6")  # fmt: skip
 MAPS = ("services", "members", "reverse", "affinity", "counts")
 DEFAULT_PIN_DIR = "/sys/fs/bpf/pyproxy"
+
+
+def pin_dir(cfg: ProxyConfig) -> str:
+    """``--bpf-pin-dir``, or the default."""
+    return str(cfg.option("bpf_pin_dir", "") or DEFAULT_PIN_DIR)
+
+
+def remove_pins(cfg: ProxyConfig) -> int:
+    """What a start in another mode does (``Mode.outlives``): the programs and maps pinned in
+    ``cfg``'s pin directory go, when that directory lies in a bpffs (nothing is mounted or
+    created to look)."""
+    where = pin_dir(cfg)
+    if bpf_mounts.bpffs_of(where) is None:
+        return 0
+    return SocketPrograms("", where).remove()
 
 
 class SocketPrograms:
