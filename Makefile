@@ -99,7 +99,7 @@ real-smoke: real-build
 	$(BIN)/pytest -q -rs -m realcluster tests/realcluster
 
 # Upstream's [sig-network] conformance tests (e2e.test v1.36.3) with upstream kube-proxy, then
-# pyproxy in iptables and nftables mode, on the real cluster (brought up, or reused if up).
+# pyproxy in iptables, nftables and ebpf mode, on the real cluster (brought up, or reused if up).
 conformance: $(BIN)/pyproxy
 	tests/cluster/build.sh conformance
 	tests/cluster/images.sh

@@ -41,7 +41,9 @@ def cluster(prefix: str, node_ip: str) -> Iterator[tuple[Cluster, Path]]:
     c = Cluster(work / "control-plane").start()
     try:
         kube = Kube(c)
-        kube.apply_files(ROOT / "deploy" / "serviceaccount.yaml", ROOT / "deploy" / "rbac.yaml")
+        kube.apply_files(
+            ROOT / "deploy" / "base" / "serviceaccount.yaml", ROOT / "deploy" / "base" / "rbac.yaml"
+        )
         kube.node("node-a")
         kube.patch_status("/api/v1/nodes/node-a", {"addresses": [
             {"type": "InternalIP", "address": node_ip},

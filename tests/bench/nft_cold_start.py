@@ -104,7 +104,9 @@ def main() -> int:
 
         root = Path(__file__).resolve().parents[2]
         kube = Kube(cluster)
-        kube.apply_files(root / "deploy" / "serviceaccount.yaml", root / "deploy" / "rbac.yaml")
+        kube.apply_files(
+            root / "deploy" / "base" / "serviceaccount.yaml", root / "deploy" / "base" / "rbac.yaml"
+        )
         kube.node("node-a")
         kube.patch_status("/api/v1/nodes/node-a", {"addresses": [
             {"type": "InternalIP", "address": "172.30.0.11"}]})  # fmt: skip

@@ -1,5 +1,6 @@
 """Upstream's own [sig-network] conformance tests against the real cluster, once per proxy and
-mode (upstream kube-proxy first, then pyproxy), with e2e.test v1.36.3 built from Go modules.
+mode (upstream kube-proxy first, then pyproxy; pyproxy's ebpf mode last), with e2e.test
+v1.36.3 built from Go modules.
 
     python -m tests.cluster.conformance [--runs kube-proxy:iptables,pyproxy:iptables,...]
                                         [--out DIR] [--procs N] [--focus REGEX]
@@ -37,7 +38,13 @@ SKIP = (
     r"\[Serial\]|\[Disruptive\]|\[Feature:|\[FeatureGate:|\[Alpha\]|\[Beta\]|\[Slow\]"
     r"|IPv6|DualStack"
 )
-RUNS = ("kube-proxy:iptables", "pyproxy:iptables", "kube-proxy:nftables", "pyproxy:nftables")
+RUNS = (
+    "kube-proxy:iptables",
+    "pyproxy:iptables",
+    "kube-proxy:nftables",
+    "pyproxy:nftables",
+    "pyproxy:ebpf",
+)
 DEFAULT_OUT = real.ROOT / "build" / "conformance"
 
 
@@ -185,7 +192,15 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     runs = [tuple(r.split(":", 1)) for r in a.runs.split(",")]
     for proxy, mode in runs:
-        if proxy not in real.PROXIES or mode not in ("iptables", "nftables"):
+        if (
+            proxy not in real.PROXIES
+            or mode not in real.MODES
+            or (proxy, mode)
+            == (
+                "kube-proxy",
+                "ebpf",
+            )
+        ):
             raise SystemExit(f"unknown run {proxy}:{mode}")
     for b in ("e2e.test", "ginkgo", "coredns"):
         if not (real.NODE_BIN / b).exists():

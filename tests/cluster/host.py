@@ -10,7 +10,8 @@ it, also after an interrupted run (it finds its objects by name, not only by the
   process runs in it (entered with ``nsenter --mount --net``, never ``ip netns exec``, which
   remounts /sys and hides the cgroup mounts). In it ``/`` is rshared (the kubelet needs it),
   ``/run``, ``/var/log`` and ``/var/lib`` are the cluster's own (tmpfs: the CNI cache, the
-  kubelets' ``/var/log/containers`` links, shim sockets, the xtables lock), and the host-wide
+  kubelets' ``/var/log/containers`` links, shim sockets, the xtables lock), so is
+  ``/sys/fs/bpf`` (a bpffs of its own: ebpf mode's pins), and the host-wide
   sysctls the kubelet writes are regular files (``MASKED_SYSCTLS``), so its writes never reach the
   machine; ``/etc/resolv.conf`` is empty (no name server outside the namespaces is asked);
 - cgroups ``/pyk-<node>`` in every v1 hierarchy (the kubelets' ``cgroupRoot``): pods leave the
@@ -107,6 +108,9 @@ def start_holder(state: Path) -> int:
     fake.mkdir(parents=True, exist_ok=True)
     lines = ["set -e", "mount --make-rshared /"]
     lines += [f"mount -t tmpfs -o mode=755 tmpfs {d}" for d in ("/run", "/var/log", "/var/lib")]
+    # The cluster's own bpffs (each mount of type bpf is a new, empty one): what pyproxy's ebpf
+    # mode pins lives and dies with this namespace, never in the machine's /sys/fs/bpf.
+    lines.append("mount -t bpf -o mode=700 bpf /sys/fs/bpf")
     # No name server: nothing in the cluster asks one outside its namespaces.
     (state / "resolv.conf").write_text("")
     lines.append(f"mount --bind {state}/resolv.conf /etc/resolv.conf")
@@ -131,6 +135,17 @@ def start_holder(state: Path) -> int:
             )
         time.sleep(0.05)
     return p.pid
+
+
+def cgroup2_mount() -> Path:
+    """Where the machine mounts its cgroup v2 hierarchy (``/sys/fs/cgroup/unified`` in the
+    hybrid layout). runc writes each pod there too, under the kubelet's cgroupRoot: the
+    ``pyk-<node>`` child of it holds exactly one node's pods (``real.bpf_cgroup``)."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, right = line.split(" - ", 1)
+        if right.split()[0] == "cgroup2":
+            return Path(left.split()[4])
+    raise RuntimeError("no cgroup v2 mount on this machine (ebpf mode needs one)")
 
 
 def masked_values(state: Path) -> dict[str, str]:

@@ -4,7 +4,7 @@ DaemonSet the way an operator deploys one (pyproxy from ``deploy/``, or upstream
 as kubeadm deploys it). The machine's own network namespace is never touched; see host.py
 for what the cluster lives in and how it is removed.
 
-    python -m tests.cluster.real up [--proxy pyproxy|kube-proxy] [--mode iptables|nftables]
+    python -m tests.cluster.real up [--proxy pyproxy|kube-proxy] [--mode iptables|nftables|ebpf]
     python -m tests.cluster.real proxy pyproxy|kube-proxy [--mode ...]   (switch a live cluster)
     python -m tests.cluster.real down
 
@@ -44,6 +44,7 @@ LAN = host.PREFIX + "lan"
 NODE_NAMES = ("node-a", "node-b")
 ADMIN_TOKEN = "pyk-admin-token"
 PROXIES = ("pyproxy", "kube-proxy")
+MODES = ("iptables", "nftables", "ebpf")  # ebpf: pyproxy only
 # What the proxy DaemonSets are called and how their pods are labelled.
 DAEMONSETS = {
     "pyproxy": ("pyproxy", "app.kubernetes.io/name=pyproxy"),
@@ -82,6 +83,21 @@ def missing() -> list[str]:
 
 
 # ---- kubectl in the lan namespace ---------------------------------------------------------
+
+
+def bpf_cgroup(node: str) -> Path:
+    """The cgroup v2 directory that holds ``node``'s pods and nothing else: its kubelet's
+    cgroupRoot, as runc writes it in the hybrid layout (``/sys/fs/cgroup/unified/pyk-<node>``,
+    a child of the machine's root cgroup). ebpf mode's socket programs attach here, so they
+    balance that node's pods only; the node's own processes (its kubelet, a shell in its
+    namespace) are outside it and reach Services through the nftables rules."""
+    return host.cgroup2_mount() / (host.PREFIX + node)
+
+
+def bpf_pin_dir(node: str) -> str:
+    """Where ``node``'s pyproxy pins its programs, in the cluster's own bpffs: the two nodes
+    share one mount namespace, so each has a directory of its own."""
+    return f"/sys/fs/bpf/pyproxy-{node}"
 
 
 def kubectl(*args: str, check: bool = True, stdin: str | None = None, timeout: float = 120) -> str:
@@ -268,12 +284,14 @@ def nodes_ready() -> bool:
 
 
 def _pyproxy_kustomization(mode: str) -> Path:
-    """deploy/ as an operator applies it, with two patches: the API server's own address (the
-    proxy cannot reach it through the Service it has not programmed yet, so kube-proxy's
-    kubeconfig names it too) and the mode."""
+    """deploy/ (deploy/ebpf in ebpf mode) as an operator applies it, with two patches: the API
+    server's own address (the proxy cannot reach it through the Service it has not programmed
+    yet, so kube-proxy's kubeconfig names it too) and the mode; in ebpf mode a third, this
+    machine's layout (``_ebpf_patch``)."""
     d = STATE / "deploy-pyproxy"
     d.mkdir(exist_ok=True)
-    cm = yaml.safe_load((ROOT / "deploy" / "configmap.yaml").read_text())
+    variant = ROOT / "deploy" / ("ebpf" if mode == "ebpf" else "")
+    cm = yaml.safe_load((ROOT / "deploy" / "base" / "configmap.yaml").read_text())
     config = yaml.safe_load(cm["data"]["config.yaml"])
     config["mode"] = mode
     env = [
@@ -287,9 +305,10 @@ def _pyproxy_kustomization(mode: str) -> Path:
     kust = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": [os.path.relpath(ROOT / "deploy", d)],
+        "resources": [os.path.relpath(variant, d)],
         "patches": [
             {"target": {"kind": "DaemonSet", "name": "pyproxy"}, "patch": json.dumps(env)},
+            *([_ebpf_patch()] if mode == "ebpf" else []),
             {
                 "target": {"kind": "ConfigMap", "name": "pyproxy"},
                 "patch": json.dumps(
@@ -306,6 +325,57 @@ def _pyproxy_kustomization(mode: str) -> Path:
     }
     (d / "kustomization.yaml").write_text(yaml.safe_dump(kust, sort_keys=False))
     return d
+
+
+def _ebpf_patch() -> dict[str, Any]:
+    """deploy/ebpf on this machine, as its kustomization's comment tells an operator with the
+    hybrid layout: the cgroup2 volume is the hybrid layout's mount, and, as both nodes share
+    the machine's cgroups and the cluster's bpffs, each node's pyproxy attaches to its own
+    node's pods' cgroup (``bpf_cgroup``) and pins in a directory of its own (``bpf_pin_dir``)."""
+    root = host.cgroup2_mount()
+    patch = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "pyproxy", "namespace": "kube-system"},
+        "spec": {
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "pyproxy",
+                            "args": [
+                                "--config=/etc/pyproxy/config.yaml",
+                                "--hostname-override=$(NODE_NAME)",
+                                "--mode=ebpf",
+                                f"--bpf-cgroup=/run/pyproxy/cgroup2/{host.PREFIX}$(NODE_NAME)",
+                                f"--bpf-pin-dir={bpf_pin_dir('$(NODE_NAME)')}",
+                            ],
+                        }
+                    ],
+                    "volumes": [
+                        {"name": "cgroup2", "hostPath": {"path": str(root), "type": "Directory"}}
+                    ],
+                }
+            }
+        },
+    }
+    return {"target": {"kind": "DaemonSet", "name": "pyproxy"}, "patch": yaml.safe_dump(patch)}
+
+
+def cleanup_ebpf(node: str) -> None:
+    """What leaving ebpf mode takes on ``node``, as an operator does it (README "ebpf mode"):
+    ``pyproxy cleanup --mode=ebpf`` in the node's namespace, with the node's flags. The base
+    DaemonSet mounts no bpffs, so a pyproxy in another mode cannot unpin the programs."""
+    st = _state()
+    host.inside(
+        int(st["holder"]),
+        host.PREFIX + node,
+        str(ROOT / ".venv" / "bin" / "pyproxy"),
+        "cleanup",
+        "--mode=ebpf",
+        f"--bpf-cgroup={bpf_cgroup(node)}",
+        f"--bpf-pin-dir={bpf_pin_dir(node)}",
+    )
 
 
 def _kube_proxy_manifest(mode: str) -> str:
@@ -364,7 +434,15 @@ def remove(proxy: str) -> None:
 
 def use_proxy(proxy: str, mode: str) -> None:
     """The cluster served by ``proxy`` in ``mode``: deploy it, then remove the other."""
+    if proxy == "kube-proxy" and mode == "ebpf":
+        raise ValueError("kube-proxy has no ebpf mode")
     other = [p for p in PROXIES if p != proxy]
+    st = _state()
+    if st.get("proxy") == "pyproxy" and st.get("mode") == "ebpf" and mode != "ebpf":
+        # Its programs outlive its pods (pinned): remove the DaemonSet, then them.
+        remove("pyproxy")
+        for node in NODE_NAMES:
+            cleanup_ebpf(node)
     deploy(proxy, mode)
     for p in other:
         remove(p)
@@ -391,7 +469,7 @@ def main(argv: list[str]) -> int:
             p.add_argument("proxy", choices=PROXIES)
         else:
             p.add_argument("--proxy", choices=PROXIES, default="pyproxy")
-        p.add_argument("--mode", choices=("iptables", "nftables"), default="iptables")
+        p.add_argument("--mode", choices=MODES, default="iptables")
     sub.add_parser("down")
     a = ap.parse_args(argv)
     if a.cmd == "up":

@@ -48,7 +48,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         return
     c = Cluster(tmp_path_factory.mktemp("control-plane")).start()
     try:
-        Kube(c).apply_files(ROOT / "deploy" / "serviceaccount.yaml", ROOT / "deploy" / "rbac.yaml")
+        Kube(c).apply_files(
+            ROOT / "deploy" / "base" / "serviceaccount.yaml", ROOT / "deploy" / "base" / "rbac.yaml"
+        )
         yield c
     finally:
         c.stop()

@@ -85,7 +85,7 @@ def test_image_programs_a_node(container: str, tmp_path: Path) -> None:
         "--",
         "pyproxy",
         "--mode=iptables",
-        "--iptables-localhost-nodeports=false",  # as deploy/configmap.yaml: no sysctl to write
+        "--iptables-localhost-nodeports=false",  # as deploy/base/configmap.yaml: no sysctl to write
         "--manifests=/manifests",
         "--hostname-override=node-a",
         "--cluster-cidr=10.244.0.0/16",

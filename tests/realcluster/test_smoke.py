@@ -1,7 +1,9 @@
 """The real cluster's smoke test: two nodes with kubelets and containerd become Ready, pyproxy's
 DaemonSet (deploy/, pyproxy's own image, pulled from nowhere) runs one pod per node, and in
-iptables and in nftables mode a pod on node-a reaches a ClusterIP whose only endpoint is a pod
-on node-b, and node-a's namespace reaches that Service's NodePort on both nodes' addresses.
+iptables, nftables and ebpf mode a pod on node-a reaches a ClusterIP whose only endpoint is a
+pod on node-b (in ebpf mode connected to the pod at its socket: no flow to the ClusterIP in
+node-a's conntrack), and node-a's namespace reaches that Service's NodePort on both nodes'
+addresses.
 (test_teardown.py checks that ``down`` leaves the machine as it was.)"""
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def _http(url_from: str, url: str) -> str:
     return res.stdout
 
 
-@pytest.mark.parametrize("mode", ["iptables", "nftables"])
+@pytest.mark.parametrize("mode", ["iptables", "nftables", "ebpf"])
 def test_pod_to_clusterip_and_node_to_nodeport_across_nodes(
     mode: str, service: dict[str, Any]
 ) -> None:
@@ -86,6 +88,19 @@ def test_pod_to_clusterip_and_node_to_nodeport_across_nodes(
         f"{mode}: client -> {cip}:80",
         90,
     )
+    if mode == "ebpf":
+        _balanced_at_the_socket(cip)
     for node in real.nodes():
         url = f"http://{node.address}:{np}/hostname"
         real.wait(lambda url=url: _http("node-a", url) == "server", f"{mode}: node-a -> {url}", 60)
+
+
+def _balanced_at_the_socket(cip: str) -> None:
+    """In ebpf mode the client's connection leaves its socket addressed to the server pod: the
+    flow node-a's conntrack records was sent to the pod's address and port, never to the
+    ClusterIP (in the other modes it is the ClusterIP's, translated by a rule)."""
+    client = real.get("pod", "client")["status"]["podIP"]
+    server = real.get("pod", "server")["status"]["podIP"]
+    kernel.conntrack_delete("node-a", "-p", "tcp", "-s", client)
+    assert _http("pod/client", f"http://{cip}:80/hostname") == "server"
+    assert kernel.conntrack("node-a", "-p", "tcp", "-s", client) == [(server, "8080")]
