@@ -43,3 +43,19 @@ def test_a_run_without_skips_passes(
     pytester.makepyfile(test_suite="def test_runs():\n    pass\n")
     monkeypatch.setenv("PYPROXY_NO_SKIPS", "1")
     assert pytester.runpytest("-p", "tests.no_skips").ret == 0
+
+
+def test_a_test_this_host_cannot_run_is_listed_not_failed(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytester.makepyfile(
+        test_suite="import pytest\nfrom tests.no_skips import HOST_CANNOT\n\n"
+        "def test_guest():\n    pytest.skip(HOST_CANNOT + 'its CPU')\n"
+    )
+    monkeypatch.setenv("PYPROXY_NO_SKIPS", "1")
+    res = pytester.runpytest("-p", "tests.no_skips")
+    assert res.ret == 0
+    res.stdout.fnmatch_lines(
+        ["*PYPROXY_NO_SKIPS: NOT RUN on this host: test_suite.py::test_guest: "
+         "this host cannot run it: its CPU*"]
+    )  # fmt: skip
