@@ -103,3 +103,17 @@ class NodePortAddresses:
         if self.localhost:
             chosen.append(LOOPBACK[family])
         return tuple(dict.fromkeys(chosen))
+
+    def listed_ips(self, node: NodeInfo, family: IPFamily) -> tuple[IPAddress, ...]:
+        """The addresses of ``family`` a NodePort is served on by a mode that lists them
+        (IPVS's virtual servers, ebpf's socket map) instead of matching the kernel's LOCAL
+        type: the chosen ones, or for "all" every local address the kernel reported (the
+        Node object's when rendering offline); never loopback or link-local."""
+        chosen = self.node_ips(node, family)
+        if chosen is None:
+            chosen = node.local_addresses or node.addresses
+        return tuple(
+            ip
+            for ip in chosen
+            if IPFamily.of(ip) is family and not ip.is_loopback and not ip.is_link_local
+        )

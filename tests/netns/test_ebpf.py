@@ -22,6 +22,7 @@ from pyproxy.model.types import Protocol
 from tests.netns.scrape import get
 from tests.netns.services import DNS, DNS_EP, HTTP, HTTP_EP, pods, svc
 from tests.netns.world import (
+    NODE_CLIENT_IP,
     PYPROXY,
     PYTHON,
     Pyproxy,
@@ -75,6 +76,30 @@ def test_a_pod_is_connected_straight_to_an_endpoint(world: World, proxy: Pyproxy
     outside = world.probe("tcp", VIP, 80, count=10, ns=pod3)
     assert outside["errors"] == {} and sum(outside["replies"].values()) == 10
     assert conntrack_to(world, VIP) == 10  # the rules' DNAT: one entry per connection
+
+
+def test_a_nodeport_on_the_nodes_address_is_balanced_at_the_socket(
+    world: World, proxy: Pyproxy
+) -> None:
+    """A pod connecting to its node's address at a NodePort is connected to an endpoint as for
+    the ClusterIP (upstream sends it to the cluster's endpoints, local policy or not): no
+    conntrack entry for the node's address, the pod's own source kept; outside the cgroup the
+    rules translate it."""
+    before = proxy.counts()
+    proxy.write("np", *manifest_objects(
+        world, svc("np", "10.96.7.5", [{**HTTP, "nodePort": 30085}], type="NodePort",
+                   externalTrafficPolicy="Local"), pods(world, 1, 2), HTTP_EP))  # fmt: skip
+    proxy.wait_programmed(before, what="the NodePort service to be programmed")
+    pod3 = world.ns_of(world.pods[2])
+    world.exec(world.node, "conntrack", "-F", check=False)
+    r = world.probe("tcp", NODE_CLIENT_IP, 30085, count=40, ns=pod3, in_cgroup=True)
+    assert r["errors"] == {} and set(r["replies"]) == {"pod-1", "pod-2"}, r
+    assert r["sources"] == {"pod-1": [world.pods[2].ip], "pod-2": [world.pods[2].ip]}
+    assert conntrack_to(world, NODE_CLIENT_IP) == 0
+    outside = world.probe("tcp", NODE_CLIENT_IP, 30085, count=10, ns=pod3)
+    assert outside["errors"] == {} and sum(outside["replies"].values()) == 10
+    assert conntrack_to(world, NODE_CLIENT_IP) == 10
+    proxy.remove("np")
 
 
 def socket_connections(world: World, name: str) -> int:

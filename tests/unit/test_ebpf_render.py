@@ -55,6 +55,36 @@ def test_external_addresses_go_to_the_cluster_endpoints_whatever_the_external_po
     assert fronts(out) == [("172.30.0.41", both), ("203.0.113.1", both), ("198.51.100.1", both)]
 
 
+def test_a_nodeport_on_this_nodes_addresses_goes_to_the_cluster_endpoints() -> None:
+    """As upstream's external chain for traffic from a pod or the node itself (short-circuited
+    to the cluster chain, local policy or not); only the addresses the NodePort serves on,
+    from --nodeport-addresses as IPVS mode lists them."""
+    from pyproxy.backends.ebpf.table import SocketCache
+    from pyproxy.model.nodeports import NodePortAddresses
+    from pyproxy.model.types import ProxyState
+
+    sp = port(node_port=30080, external_policy_local=True)
+    out = render_port(sp, (HERE, THERE), NODE, IPFamily.IPV4, (ip("192.0.2.10"),))
+    both = ("10.180.0.1:8080", "10.180.1.1:8080")
+    assert [(str(b.addr), b.port, tuple(e.hostport for e in b.endpoints)) for b in out] == [
+        ("172.30.0.41", 80, both),
+        ("192.0.2.10", 30080, both),
+    ]
+    assert fronts(render_port(port(), (HERE,), NODE, IPFamily.IPV4, (ip("192.0.2.10"),))) == [
+        ("172.30.0.41", ("10.180.0.1:8080",))
+    ]  # no NodePort: nothing on the node's address
+    node = NodeInfo("node-a", addresses=(ip("192.0.2.10"), ip("198.51.100.7"), ip("fd00::a")),
+                    local_addresses=(ip("192.0.2.10"), ip("198.51.100.7"), ip("127.0.0.1"),
+                                     ip("fe80::1"), ip("fd00::a")))  # fmt: skip
+    primary = SocketCache(IPFamily.IPV4, NodePortAddresses(primary=True))
+    every = SocketCache(IPFamily.IPV4, NodePortAddresses())
+    six = SocketCache(IPFamily.IPV6, NodePortAddresses())
+    state = ProxyState(services={}, endpoints={}, node=node)
+    assert primary.facts(state, 0).nodeport_ips == (ip("192.0.2.10"),)
+    assert every.facts(state, 0).nodeport_ips == (ip("192.0.2.10"), ip("198.51.100.7"))
+    assert six.facts(state, 0).nodeport_ips == (ip("fd00::a"),)  # not loopback, not link-local
+
+
 def test_what_is_left_to_the_rules() -> None:
     """No usable endpoint (the rules refuse or drop), source ranges (the rules check them),
     SCTP, and a family without a cluster IP."""

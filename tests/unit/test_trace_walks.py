@@ -22,7 +22,7 @@ from pyproxy.backends.xtables.rule import Match, Module, Rule
 from pyproxy.backends.xtables.walk import Walker as XtablesWalker
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.types import Protocol
-from tests.helpers import endpoint, endpoint_slice, port, service, tracker_with
+from tests.helpers import endpoint, endpoint_slice, node, port, service, tracker_with
 
 BACKENDS = (IptablesBackend, NftablesBackend, IpvsBackend, UserspaceBackend, EbpfBackend)
 CLIENT = ipaddress.ip_address("203.0.113.7")
@@ -119,3 +119,27 @@ def test_ebpf_udp_is_balanced_by_sendmsg_and_says_what_a_connected_socket_does()
     assert o.steps[0] == "sendmsg4 program: services map 10.96.0.1:53/udp slot 0 (1 endpoint)"
     assert ("an unconnected UDP socket keeps its endpoint for its life; a connect()ed one is "
             "left to the rules") in o.notes  # fmt: skip
+
+
+def test_ebpf_a_nodeport_on_the_nodes_address_is_connected_at_the_socket() -> None:
+    """From a pod to its node's primary address at a NodePort: the socket program, to the
+    cluster's endpoints; from outside: nftables mode's rules."""
+    cfg = ProxyConfig(cluster_cidrs=(ipaddress.ip_network("10.244.0.0/16"),))
+    from pyproxy.backends.ebpf.mode import MODE
+
+    cfg = replace(cfg, nodeport_addresses=MODE.nodeport_default)
+    eps = [endpoint("10.1.0.1", node="n1"), endpoint("10.1.0.2", node="n2")]
+    objs = [node("n1", addresses=["192.0.2.10"]),
+            service("ns", "web", "10.96.0.1", [port("http", 80, nodePort=30080)],
+                    type="NodePort", externalTrafficPolicy="Local"),
+            endpoint_slice("ns", "web", "w", eps, [port("http", 8080)])]  # fmt: skip
+    st = tracker_with("n1", *objs).current_state()
+    addr = ipaddress.ip_address("192.0.2.10")
+    t = EbpfBackend(cfg).trace(st, Packet(POD, addr, 30080))
+    assert t.verdicts == {"socket"}
+    assert t.endpoints == {"10.1.0.1:8080": 0.5, "10.1.0.2:8080": 0.5}
+    assert t.outcomes[0].steps[0] == (
+        "connect4 program: services map 192.0.2.10:30080/tcp slot 0 (2 endpoints)"
+    )
+    outside = EbpfBackend(cfg).trace(st, Packet(CLIENT, addr, 30080))
+    assert "socket" not in outside.verdicts

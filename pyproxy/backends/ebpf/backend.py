@@ -40,6 +40,7 @@ from pyproxy.backends.ebpf.render import Balanced, hostport
 from pyproxy.backends.ebpf.table import SocketCache, SocketTable
 from pyproxy.backends.ebpf.writer import SocketFamily, SocketMaps
 from pyproxy.backends.engine.engine import DeleteConntrack, Engine
+from pyproxy.backends.local_addresses import with_local_addresses
 from pyproxy.backends.nftables.backend import NftablesBackend
 from pyproxy.backends.stale_conntrack import Filter
 from pyproxy.backends.trace import AFFINITY_NOTE, SOCKET, Outcome, Packet, Trace
@@ -136,7 +137,7 @@ class EbpfBackend(NftablesBackend):
                 except (BpfError, OSError) as err:
                     raise BackendUnavailable(f"--mode=ebpf: {err}") from None
             families = [w.family for w in self.writers()]
-            writers = [SocketFamily(f, maps) for f in families]
+            writers = [SocketFamily(f, maps, self.proxy.nodeport_addresses) for f in families]
             self._sockets = Engine(writers, _no_conntrack, self.clock)
         return self._sockets
 
@@ -158,7 +159,8 @@ class EbpfBackend(NftablesBackend):
         after them, so the next sync is full and writes the map again."""
         t0 = self.clock()
         try:
-            sockets = self._socket_engine().sync(request.state, request)
+            state = with_local_addresses(request.state, self.proxy)  # the NodePorts' own
+            sockets = self._socket_engine().sync(state, request)
         except BackendError as err:
             super().sync(request)
             raise BackendError(f"{err} (the nftables rules were synced)") from None
@@ -182,7 +184,7 @@ class EbpfBackend(NftablesBackend):
         """nftables mode's transactions, then the socket map's intended entries."""
         parts = [super().render(state)]
         for family in (IPFamily.IPV4, IPFamily.IPV6):
-            table = SocketCache(family).render(state)
+            table = SocketCache(family, self.proxy.nodeport_addresses).render(state)
             lines = [b.text for b in table.balanced()]
             if lines:
                 head = f"# {family.value}: balanced at the socket\n"
@@ -194,7 +196,7 @@ class EbpfBackend(NftablesBackend):
         out = super().compare(state)
         want: dict[str, str] = {}  # line -> service
         for family in (IPFamily.IPV4, IPFamily.IPV6):
-            for b in SocketCache(family).render(state).balanced():
+            for b in SocketCache(family, self.proxy.nodeport_addresses).render(state).balanced():
                 svc = b.name.split(":", 1)[0]
                 want.update({layout.describe(k, v): svc for k, v in b.entries().items()})
         path = os.path.join(self.programs().pin_dir, "services")
@@ -246,7 +248,7 @@ class EbpfBackend(NftablesBackend):
         )
 
         def index() -> dict[tuple[IPAddress, int, Protocol], Balanced]:
-            table = SocketCache(family).render(state)
+            table = SocketCache(family, self.proxy.nodeport_addresses).render(state)
             return {(b.addr, b.port, b.protocol): b for b in table.balanced()}
 
         key = (packet.dst, packet.port, packet.protocol)

@@ -4,11 +4,13 @@ node connects to and the endpoints it is connected to instead. Pure.
 The choice follows upstream's rules for traffic that starts on the node, so a connection goes
 where kube-proxy's DNAT would send it:
 - the cluster IP, to the endpoints of the internal traffic policy (``sel.internal``);
-- external IPs and load-balancer IPs, to the cluster's endpoints: upstream's external chain
-  sends pod and node traffic to the cluster chain whatever the external policy;
+- external IPs, load-balancer IPs and NodePorts on this node's addresses (those
+  ``--nodeport-addresses`` chooses, as IPVS mode lists them), to the cluster's endpoints:
+  upstream's external chain sends pod and node traffic to the cluster chain whatever the
+  external policy;
 - not balanced here, and so left to the rules: a port without endpoints to use (the rules
   refuse or drop as upstream does), load-balancer IPs with source ranges (the rules check
-  them), NodePorts, and SCTP.
+  them), NodePorts on another node's address or on loopback, and SCTP.
 """
 
 from __future__ import annotations
@@ -71,21 +73,28 @@ class Balanced:
 
 
 def render_port(
-    sp: ServicePort, eps: tuple[Endpoint, ...], node: NodeInfo, family: IPFamily
+    sp: ServicePort,
+    eps: tuple[Endpoint, ...],
+    node: NodeInfo,
+    family: IPFamily,
+    nodeport_ips: tuple[IPAddress, ...] = (),
 ) -> list[Balanced]:
-    """The addresses of one service port (a family view) balanced at the socket."""
+    """The addresses of one service port (a family view) balanced at the socket;
+    ``nodeport_ips``: this node's addresses that serve NodePorts."""
     cluster_ip = sp.cluster_ip(family)
     if cluster_ip is None or sp.protocol not in layout.PROTOCOLS:
         return []
     sel = categorize_endpoints(sp, eps, node)
     timeout = sp.sticky_max_age_seconds if sp.session_affinity_client_ip else 0
 
-    def balanced(addr: IPAddress, to: tuple[Endpoint, ...]) -> Balanced:
-        return Balanced(addr, sp.port, sp.protocol, str(sp.name), to, timeout)
+    def balanced(addr: IPAddress, to: tuple[Endpoint, ...], port: int = sp.port) -> Balanced:
+        return Balanced(addr, port, sp.protocol, str(sp.name), to, timeout)
 
     out = [balanced(cluster_ip, sel.internal)] if sel.internal else []
     if sel.cluster:
         out += [balanced(ip, sel.cluster) for ip in sp.external_ips]
         if not sp.load_balancer_source_ranges:
             out += [balanced(ip, sel.cluster) for ip in sp.load_balancer_ips]
+        if sp.node_port:
+            out += [balanced(ip, sel.cluster, sp.node_port) for ip in nodeport_ips]
     return out

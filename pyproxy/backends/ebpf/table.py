@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from pyproxy.backends.ebpf.render import Balanced, render_port
 from pyproxy.backends.engine.cache import Entry, ServiceCache, ServiceTable
+from pyproxy.model.nodeports import NodePortAddresses
 from pyproxy.model.types import (
     Endpoint,
+    IPAddress,
     IPFamily,
     NamespacedName,
     NodeInfo,
@@ -65,31 +68,39 @@ class SocketTable(ServiceTable[SocketObjects]):
         return _merged(self._all(), Balanced.members)
 
 
+class Facts(NamedTuple):
+    """What every service's entries depend on: the node (its name and zone decide the local
+    and topology-hinted endpoints) and its addresses that serve NodePorts."""
+
+    node: NodeInfo
+    nodeport_ips: tuple[IPAddress, ...]
+
+
 def render_service(
-    ports: tuple[ServicePort, ...], eps: tuple[tuple[Endpoint, ...], ...], node: NodeInfo,
+    ports: tuple[ServicePort, ...], eps: tuple[tuple[Endpoint, ...], ...], f: Facts,
     family: IPFamily,
 ) -> SocketObjects:  # fmt: skip
     return SocketObjects(tuple(b for sp, e in zip(ports, eps, strict=True)
-                               for b in render_port(sp, e, node, family)))  # fmt: skip
+                               for b in render_port(sp, e, f.node, family,
+                                                    f.nodeport_ips)))  # fmt: skip
 
 
-class SocketCache(ServiceCache[SocketObjects, NodeInfo, SocketTable]):
+class SocketCache(ServiceCache[SocketObjects, Facts, SocketTable]):
     """Renders one family's balanced addresses, reusing a service's while its inputs are the
-    same; the node (its name and zone decide the local and topology-hinted endpoints) is the
-    fact every service depends on."""
+    same (``Facts``: a change to them renders every service again)."""
 
-    def __init__(self, family: IPFamily) -> None:
-        def facts(state: ProxyState, endpoints: int) -> NodeInfo:
-            return state.node
+    def __init__(self, family: IPFamily, nodeports: NodePortAddresses) -> None:
+        def facts(state: ProxyState, endpoints: int) -> Facts:
+            return Facts(state.node, nodeports.listed_ips(state.node, family))
 
         def render(
-            ports: tuple[ServicePort, ...], eps: tuple[tuple[Endpoint, ...], ...], node: NodeInfo
+            ports: tuple[ServicePort, ...], eps: tuple[tuple[Endpoint, ...], ...], f: Facts
         ) -> SocketObjects:
-            return render_service(ports, eps, node, family)
+            return render_service(ports, eps, f, family)
 
         super().__init__(family, facts, render)
 
     def table(
-        self, state: ProxyState, facts: NodeInfo, entries: Mapping[NamespacedName, SocketEntry]
+        self, state: ProxyState, facts: Facts, entries: Mapping[NamespacedName, SocketEntry]
     ) -> SocketTable:
         return SocketTable(facts, entries)

@@ -130,14 +130,7 @@ def nodeport_ips(node: NodeInfo, cfg: IpvsConfig) -> tuple[IPAddress, ...]:
     """The addresses of ``cfg.family`` that get a virtual server per NodePort: the chosen
     --nodeport-addresses, or for "all" every local address the kernel reported (the Node
     object's addresses when rendering offline), never loopback or link-local."""
-    chosen = cfg.proxy.nodeport_addresses.node_ips(node, cfg.family)
-    if chosen is None:
-        chosen = node.local_addresses or node.addresses
-    return tuple(
-        ip
-        for ip in chosen
-        if IPFamily.of(ip) is cfg.family and not ip.is_loopback and not ip.is_link_local
-    )
+    return cfg.proxy.nodeport_addresses.listed_ips(node, cfg.family)
 
 
 @dataclass
