@@ -8,7 +8,8 @@ and by ``make cluster`` / ``make cluster-down`` (``python -m tests.cluster.clust
 Tokens: ``admin`` (system:masters) for the tests, and ``pyproxy`` for the identity
 system:serviceaccount:kube-system:pyproxy, which gets exactly the ClusterRole in deploy/.
 The watch cache is disabled for Services and EndpointSlices so that compacting etcd really
-makes an old resourceVersion 410 Gone (the cache would otherwise keep serving it).
+makes an old resourceVersion 410 Gone (the cache would otherwise keep serving it); the
+benchmarks turn it on (``Cluster.watch_cache``).
 """
 
 from __future__ import annotations
@@ -170,6 +171,10 @@ class Cluster:
     etcd_peer_port: int = 0
     api_port: int = 0
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    watch_cache: bool = False
+    """The API server's watch cache for Services and EndpointSlices, as a production API
+    server has it (the benchmarks); off for the e2e tests, whose compaction must make an old
+    resourceVersion 410 Gone."""
 
     @property
     def server(self) -> str:
@@ -256,7 +261,11 @@ class Cluster:
             "--enable-priority-and-fairness=false",
             "--max-requests-inflight=0",
             "--max-mutating-requests-inflight=0",
-            "--watch-cache-sizes=services#0,endpointslices.discovery.k8s.io#0",
+            *(
+                []
+                if self.watch_cache
+                else ["--watch-cache-sizes=services#0,endpointslices.discovery.k8s.io#0"]
+            ),
             "--v=1",
         ]
 

@@ -34,7 +34,7 @@ from tests.netns.world import (
 
 pytestmark = pytest.mark.netns
 PYPROXY_MODE = "ebpf"
-PYPROXY_FLAGS = ("--sync-period", "1h")
+PYPROXY_FLAGS = ("--sync-period", "1h", "--bpf-socket-affinity")
 VIP = "10.96.7.1"
 DAEMON = "http://127.0.0.1:10249"
 
@@ -147,13 +147,17 @@ def test_the_pinned_map_follows_the_service(world: World, proxy: Pyproxy) -> Non
 
 
 def test_session_affinity_keeps_a_pod_on_one_endpoint(world: World, proxy: Pyproxy) -> None:
+    """With --bpf-socket-affinity (this module's flags; by default the rules balance such a
+    service, tests/unit/test_ebpf_render.py)."""
     before = proxy.counts()
     sticky = svc("sticky", "10.96.7.2", [HTTP], sessionAffinity="ClientIP")
     proxy.write("sticky", *manifest_objects(world, sticky, pods(world, 1, 2, 4), HTTP_EP))
     now = proxy.wait_programmed(before, what="the sticky service to be programmed")
     pod3 = world.ns_of(world.pods[2])
+    world.exec(world.node, "conntrack", "-F", check=False)
     r = world.probe("tcp", "10.96.7.2", 80, count=20, ns=pod3, in_cgroup=True)
     assert r["errors"] == {} and len(r["replies"]) == 1, r
+    assert conntrack_to(world, "10.96.7.2") == 0  # the program's affinity (the flag), no rule's
     kept = next(iter(r["replies"]))
     left = [i for i in (1, 2, 4) if f"pod-{i}" != kept]
     proxy.write("sticky", *manifest_objects(world, sticky, pods(world, *left), HTTP_EP))

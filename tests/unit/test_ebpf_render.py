@@ -60,8 +60,12 @@ def test_a_nodeport_on_this_nodes_addresses_goes_to_the_cluster_endpoints() -> N
     to the cluster chain, local policy or not); only the addresses the NodePort serves on,
     from --nodeport-addresses as IPVS mode lists them."""
     from pyproxy.backends.ebpf.table import SocketCache
+    from pyproxy.config.settings import ProxyConfig
     from pyproxy.model.nodeports import NodePortAddresses
     from pyproxy.model.types import ProxyState
+
+    def cfg(n: NodePortAddresses) -> ProxyConfig:
+        return ProxyConfig(nodeport_addresses=n)
 
     sp = port(node_port=30080, external_policy_local=True)
     out = render_port(sp, (HERE, THERE), NODE, IPFamily.IPV4, (ip("192.0.2.10"),))
@@ -76,13 +80,23 @@ def test_a_nodeport_on_this_nodes_addresses_goes_to_the_cluster_endpoints() -> N
     node = NodeInfo("node-a", addresses=(ip("192.0.2.10"), ip("198.51.100.7"), ip("fd00::a")),
                     local_addresses=(ip("192.0.2.10"), ip("198.51.100.7"), ip("127.0.0.1"),
                                      ip("fe80::1"), ip("fd00::a")))  # fmt: skip
-    primary = SocketCache(IPFamily.IPV4, NodePortAddresses(primary=True))
-    every = SocketCache(IPFamily.IPV4, NodePortAddresses())
-    six = SocketCache(IPFamily.IPV6, NodePortAddresses())
+    primary = SocketCache(IPFamily.IPV4, cfg(NodePortAddresses(primary=True)))
+    every = SocketCache(IPFamily.IPV4, cfg(NodePortAddresses()))
+    six = SocketCache(IPFamily.IPV6, cfg(NodePortAddresses()))
     state = ProxyState(services={}, endpoints={}, node=node)
     assert primary.facts(state, 0).nodeport_ips == (ip("192.0.2.10"),)
     assert every.facts(state, 0).nodeport_ips == (ip("192.0.2.10"), ip("198.51.100.7"))
     assert six.facts(state, 0).nodeport_ips == (ip("fd00::a"),)  # not loopback, not link-local
+
+
+def test_clientip_affinity_is_left_to_the_rules_unless_asked() -> None:
+    """The rules keep affinity in sets the programs cannot read: a client whose first
+    connection met the rules (made before the entry was written) would be given another
+    endpoint by the program next (upstream's conformance test of it failed that way once)."""
+    sp = port(session_affinity_client_ip=True, sticky_max_age_seconds=60)
+    assert render_port(sp, (HERE, THERE), NODE, IPFamily.IPV4) == []
+    (b,) = render_port(sp, (HERE, THERE), NODE, IPFamily.IPV4, affinity=True)
+    assert b.affinity_timeout == 60 and len(b.members()) == 2
 
 
 def test_what_is_left_to_the_rules() -> None:

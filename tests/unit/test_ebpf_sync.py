@@ -22,7 +22,6 @@ from pyproxy.config.settings import ProxyConfig
 from pyproxy.kernel.bpf_fake import FakeMap
 from pyproxy.kernel.nft_fake import FakeNft
 from pyproxy.model.events import KINDS, Event, EventType
-from pyproxy.model.nodeports import NodePortAddresses
 from pyproxy.model.types import IPFamily, NamespacedName, Protocol, ProxyState
 from pyproxy.sync.syncer import Syncer
 from pyproxy.sync.tracker import ChangeTracker
@@ -41,7 +40,8 @@ def tracker(objs: list[dict[str, Any]]) -> ChangeTracker:
 
 def engine(m: FakeMap, members: FakeMap | None = None) -> tuple[Engine[Any], SocketFamily]:
     members = members or FakeMap(layout.MEMBER_KEY_SIZE, 4, 1 << 20)
-    writer = SocketFamily(IPFamily.IPV4, SocketMaps(m, members), NodePortAddresses(primary=True))
+    cfg = ProxyConfig().with_options(bpf_socket_affinity=True)  # the members map's test
+    writer = SocketFamily(IPFamily.IPV4, SocketMaps(m, members), cfg)
     return Engine([writer], no_conntrack), writer
 
 

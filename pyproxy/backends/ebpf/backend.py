@@ -137,7 +137,7 @@ class EbpfBackend(NftablesBackend):
                 except (BpfError, OSError) as err:
                     raise BackendUnavailable(f"--mode=ebpf: {err}") from None
             families = [w.family for w in self.writers()]
-            writers = [SocketFamily(f, maps, self.proxy.nodeport_addresses) for f in families]
+            writers = [SocketFamily(f, maps, self.proxy) for f in families]
             self._sockets = Engine(writers, _no_conntrack, self.clock)
         return self._sockets
 
@@ -184,7 +184,7 @@ class EbpfBackend(NftablesBackend):
         """nftables mode's transactions, then the socket map's intended entries."""
         parts = [super().render(state)]
         for family in (IPFamily.IPV4, IPFamily.IPV6):
-            table = SocketCache(family, self.proxy.nodeport_addresses).render(state)
+            table = SocketCache(family, self.proxy).render(state)
             lines = [b.text for b in table.balanced()]
             if lines:
                 head = f"# {family.value}: balanced at the socket\n"
@@ -196,7 +196,7 @@ class EbpfBackend(NftablesBackend):
         out = super().compare(state)
         want: dict[str, str] = {}  # line -> service
         for family in (IPFamily.IPV4, IPFamily.IPV6):
-            for b in SocketCache(family, self.proxy.nodeport_addresses).render(state).balanced():
+            for b in SocketCache(family, self.proxy).render(state).balanced():
                 svc = b.name.split(":", 1)[0]
                 want.update({layout.describe(k, v): svc for k, v in b.entries().items()})
         path = os.path.join(self.programs().pin_dir, "services")
@@ -248,7 +248,7 @@ class EbpfBackend(NftablesBackend):
         )
 
         def index() -> dict[tuple[IPAddress, int, Protocol], Balanced]:
-            table = SocketCache(family, self.proxy.nodeport_addresses).render(state)
+            table = SocketCache(family, self.proxy).render(state)
             return {(b.addr, b.port, b.protocol): b for b in table.balanced()}
 
         key = (packet.dst, packet.port, packet.protocol)

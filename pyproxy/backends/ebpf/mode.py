@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyproxy.backends.base import Backend
 from pyproxy.backends.mode import Mode
-from pyproxy.config.load import Setting
+from pyproxy.config.load import Setting, boolean
 from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.nodeports import NodePortAddresses
 
@@ -44,6 +44,15 @@ MODE = Mode(
             str,
             "Directory in a bpffs where the socket programs' links and maps are pinned (ebpf "
             "mode; default /sys/fs/bpf/pyproxy, mounting a bpffs at /sys/fs/bpf if needed).",
+        ),
+        Setting(
+            "bpf_socket_affinity",
+            "--bpf-socket-affinity",
+            "ebpf.socketAffinity",
+            False,
+            boolean,
+            "Balance ClientIP-affinity services at the socket too (ebpf mode; default: the "
+            "rules balance them, whose affinity the programs cannot share: see the README).",
         ),
     ),
     leftovers=("iptables", "ipvs"),

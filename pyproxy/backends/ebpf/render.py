@@ -9,8 +9,12 @@ where kube-proxy's DNAT would send it:
   upstream's external chain sends pod and node traffic to the cluster chain whatever the
   external policy;
 - not balanced here, and so left to the rules: a port without endpoints to use (the rules
-  refuse or drop as upstream does), load-balancer IPs with source ranges (the rules check
-  them), NodePorts on another node's address or on loopback, and SCTP.
+  refuse or drop as upstream does), a port with ClientIP affinity unless ``affinity`` (the
+  rules keep affinity in their own sets, which the programs cannot read: a client's
+  connection that met the rules, made before the service's entry was written, and its next
+  ones, met by the programs, would each have their own choice), load-balancer IPs with
+  source ranges (the rules check them), NodePorts on another node's address or on loopback,
+  and SCTP.
 """
 
 from __future__ import annotations
@@ -78,11 +82,15 @@ def render_port(
     node: NodeInfo,
     family: IPFamily,
     nodeport_ips: tuple[IPAddress, ...] = (),
+    affinity: bool = False,
 ) -> list[Balanced]:
     """The addresses of one service port (a family view) balanced at the socket;
-    ``nodeport_ips``: this node's addresses that serve NodePorts."""
+    ``nodeport_ips``: this node's addresses that serve NodePorts; ``affinity``: balance a
+    port with ClientIP affinity too (``--bpf-socket-affinity``)."""
     cluster_ip = sp.cluster_ip(family)
     if cluster_ip is None or sp.protocol not in layout.PROTOCOLS:
+        return []
+    if sp.session_affinity_client_ip and not affinity:
         return []
     sel = categorize_endpoints(sp, eps, node)
     timeout = sp.sticky_max_age_seconds if sp.session_affinity_client_ip else 0

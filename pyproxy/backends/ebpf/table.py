@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from pyproxy.backends.ebpf.render import Balanced, render_port
 from pyproxy.backends.engine.cache import Entry, ServiceCache, ServiceTable
-from pyproxy.model.nodeports import NodePortAddresses
+from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.types import (
     Endpoint,
     IPAddress,
@@ -76,27 +76,23 @@ class Facts(NamedTuple):
     nodeport_ips: tuple[IPAddress, ...]
 
 
-def render_service(
-    ports: tuple[ServicePort, ...], eps: tuple[tuple[Endpoint, ...], ...], f: Facts,
-    family: IPFamily,
-) -> SocketObjects:  # fmt: skip
-    return SocketObjects(tuple(b for sp, e in zip(ports, eps, strict=True)
-                               for b in render_port(sp, e, f.node, family,
-                                                    f.nodeport_ips)))  # fmt: skip
-
-
 class SocketCache(ServiceCache[SocketObjects, Facts, SocketTable]):
     """Renders one family's balanced addresses, reusing a service's while its inputs are the
     same (``Facts``: a change to them renders every service again)."""
 
-    def __init__(self, family: IPFamily, nodeports: NodePortAddresses) -> None:
+    def __init__(self, family: IPFamily, cfg: ProxyConfig) -> None:
+        nodeports = cfg.nodeport_addresses
+        affinity = bool(cfg.option("bpf_socket_affinity", False))
+
         def facts(state: ProxyState, endpoints: int) -> Facts:
             return Facts(state.node, nodeports.listed_ips(state.node, family))
 
         def render(
             ports: tuple[ServicePort, ...], eps: tuple[tuple[Endpoint, ...], ...], f: Facts
         ) -> SocketObjects:
-            return render_service(ports, eps, f, family)
+            return SocketObjects(tuple(
+                b for sp, e in zip(ports, eps, strict=True)
+                for b in render_port(sp, e, f.node, family, f.nodeport_ips, affinity)))  # fmt: skip
 
         super().__init__(family, facts, render)
 

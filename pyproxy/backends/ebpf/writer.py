@@ -19,7 +19,7 @@ from typing import NamedTuple, Protocol
 from pyproxy.backends.base import BackendError
 from pyproxy.backends.ebpf import layout
 from pyproxy.backends.ebpf.table import SocketCache, SocketTable, Updates
-from pyproxy.model.nodeports import NodePortAddresses
+from pyproxy.config.settings import ProxyConfig
 from pyproxy.model.types import IPFamily
 
 
@@ -50,9 +50,9 @@ class SocketMaps(NamedTuple):
 
 
 class SocketFamily:
-    def __init__(self, family: IPFamily, maps: SocketMaps, nodeports: NodePortAddresses) -> None:
+    def __init__(self, family: IPFamily, maps: SocketMaps, cfg: ProxyConfig) -> None:
         self.family = family
-        self.cache = SocketCache(family, nodeports)
+        self.cache = SocketCache(family, cfg)
         self._maps = maps
         self.written = 0
         """Entries written so far (updates and deletions); tests count what a sync costs."""
