@@ -190,6 +190,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--procs", type=int, default=4)
     ap.add_argument("--focus", default=FOCUS)
     a = ap.parse_args(argv)
+    a.out = a.out.resolve()  # ginkgo runs e2e.test in its own directory: a relative path moves
     runs = [tuple(r.split(":", 1)) for r in a.runs.split(",")]
     for proxy, mode in runs:
         if (
