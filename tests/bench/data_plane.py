@@ -12,6 +12,8 @@ the benchmark made), and once it answers and its syncs have settled:
                       answer, from the client pod (in ebpf mode: in the socket cgroup, as a
                       pod on the node is)
   outside -> NodePort the same from the outside client to the node's address
+  floor               the same from the client pod to one server pod's own address: what a
+                      connection costs with no service translation on its way
 
 each for 3 runs of 2 s (bounded: at most 200,000 connections a run; the median run by rate
 is reported): connections a second, and p50 and p99 of a connection's time (connect to the
@@ -55,6 +57,9 @@ RUNS, SECONDS, MAX_CONNECTIONS = 3, 2.0, 200_000
 PROXIES = ("pyproxy:iptables", "pyproxy:nftables", "pyproxy:userspace", "pyproxy:ebpf",
            "kube-proxy:iptables", "kube-proxy:nftables")  # fmt: skip
 LAST = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
+FLOOR_POD_IP = "10.244.1.2"
+"""pod-1's address (tests.netns.world.Pod): what a connection costs with no service on its
+way, the bound on what any translation, rules or socket program, can reach."""
 READY_CAP = 5 * 60.0
 """A proxy not answering within 5 minutes is a failed row (upstream's iptables mode did not
 finish its first sync at 10,000 services in 15 minutes in side_by_side)."""
@@ -215,6 +220,8 @@ def measure(run: Run, vip: str, node_port: int, n: int, runs: int = RUNS,
     for path, ns, addr, port, in_cgroup in (
         ("clusterip", run.client_pod, vip, 80, cgroup),
         ("nodeport", run.world.client(), NODE_CLIENT_IP, node_port, False),
+        # The floor: the same client pod to one server pod's own address, no service between.
+        ("floor", run.client_pod, FLOOR_POD_IP, PORT, cgroup),
     ):
         run.load(ns, addr, port, 0.5, in_cgroup)  # warm up
         row[path] = median_run([run.load(ns, addr, port, seconds, in_cgroup)
@@ -230,14 +237,16 @@ def markdown(rows: list[dict[str, Any]], quick: bool = False) -> str:
              "request each (" + ("one run of 0.5 s, --quick" if quick else
                                  f"median of {RUNS} runs of {SECONDS:g} s") + ").", "",
              "| services | proxy | mode | pod -> ClusterIP /s | p50 us | p99 us "
-             "| outside -> NodePort /s | p50 us | p99 us |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| outside -> NodePort /s | p50 us | p99 us | floor: pod -> pod /s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         cells = [f"{r['services']:,}", r["proxy"], r["mode"]]
         for path in ("clusterip", "nodeport"):
             p = r.get(path)
             cells += ([f"{p['rate']:,.0f}", f"{p['p50_us']:.0f}", f"{p['p99_us']:.0f}"]
                       if p else ["failed", "", ""])  # fmt: skip
+        floor = r.get("floor")
+        cells.append(f"{floor['rate']:,.0f}" if floor else "")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
