@@ -89,7 +89,7 @@ def test_configmap_config_is_accepted_by_pyproxy(tmp_path: Path) -> None:
 
     from tests.netns.world import PYPROXY, ROOT
 
-    cm = yaml.safe_load((DEPLOY / "configmap.yaml").read_text())
+    cm = yaml.safe_load((DEPLOY / "base" / "configmap.yaml").read_text())
     cfg = tmp_path / "config.yaml"
     cfg.write_text(cm["data"]["config.yaml"])
     res = subprocess.run(
