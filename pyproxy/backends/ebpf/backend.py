@@ -158,18 +158,18 @@ class EbpfBackend(NftablesBackend):
         rules from their sync: they serve every service meanwhile, and the error is raised
         after them, so the next sync is full and writes the map again."""
         t0 = self.clock()
+        state = with_local_addresses(request.state, self.proxy)  # the NodePorts' own
         try:
-            state = with_local_addresses(request.state, self.proxy)  # the NodePorts' own
             sockets = self._socket_engine().sync(state, request)
         except BackendError as err:
-            super().sync(request)
+            self.sync_rules(request, state, time.monotonic())
             raise BackendError(f"{err} (the nftables rules were synced)") from None
         t1 = self.clock()
         write = {"full": sockets.full, "seconds": round(t1 - t0, 6),
                  "seenToMapSeconds": None if request.first_seen is None
                  else round(t1 - request.first_seen, 6)}  # fmt: skip
         self._socket_writes = (*self._socket_writes[-7:], write)  # replaced, never mutated
-        rules = super().sync(request)
+        rules = self.sync_rules(request, state, time.monotonic())
         return SyncResult(
             full=rules.full or sockets.full,
             families=rules.families,

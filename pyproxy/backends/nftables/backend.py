@@ -318,8 +318,12 @@ class NftablesBackend(Backend):
 
     def sync(self, request: SyncRequest) -> SyncResult:
         start = time.monotonic()
+        return self.sync_rules(request, with_local_addresses(request.state, self.proxy), start)
+
+    def sync_rules(self, request: SyncRequest, state: ProxyState, start: float) -> SyncResult:
+        """The table's part of a sync, for ``state`` with this host's addresses already
+        added (ebpf mode reads them once for its map and its rules)."""
         engine = self._setup()
-        state = with_local_addresses(request.state, self.proxy)
         result = engine.sync(state, request)
         self._serve_localhost(state, None if result.full else request.changed)
         if self.metrics is not None:
