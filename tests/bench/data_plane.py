@@ -46,7 +46,15 @@ from tests.cluster.cluster import (
     kubeconfig,
 )
 from tests.cluster.nsrelay import Relay
-from tests.netns.world import CLUSTER_CIDR, NODE_CLIENT_IP, PYPROXY, SocketCgroup, World, wait_for
+from tests.netns.world import (
+    CLUSTER_CIDR,
+    NODE_CLIENT_IP,
+    PYPROXY,
+    Pod,
+    SocketCgroup,
+    World,
+    wait_for,
+)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -57,9 +65,10 @@ RUNS, SECONDS, MAX_CONNECTIONS = 3, 2.0, 200_000
 PROXIES = ("pyproxy:iptables", "pyproxy:nftables", "pyproxy:userspace", "pyproxy:ebpf",
            "kube-proxy:iptables", "kube-proxy:nftables")  # fmt: skip
 LAST = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
-FLOOR_POD_IP = "10.244.1.2"
-"""pod-1's address (tests.netns.world.Pod): what a connection costs with no service on its
-way, the bound on what any translation, rules or socket program, can reach."""
+FLOOR_POD_IP = Pod("pod-1", 1).ip
+"""The first server pod's address (``Run`` adds pod-1 at index 1): what a connection costs
+with no service on its way, the bound on what any translation, rules or socket program, can
+reach."""
 READY_CAP = 5 * 60.0
 """A proxy not answering within 5 minutes is a failed row (upstream's iptables mode did not
 finish its first sync at 10,000 services in 15 minutes in side_by_side)."""

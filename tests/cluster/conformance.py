@@ -193,15 +193,7 @@ def main(argv: list[str]) -> int:
     a.out = a.out.resolve()  # ginkgo runs e2e.test in its own directory: a relative path moves
     runs = [tuple(r.split(":", 1)) for r in a.runs.split(",")]
     for proxy, mode in runs:
-        if (
-            proxy not in real.PROXIES
-            or mode not in real.MODES
-            or (proxy, mode)
-            == (
-                "kube-proxy",
-                "ebpf",
-            )
-        ):
+        if not real.supports(proxy, mode):
             raise SystemExit(f"unknown run {proxy}:{mode}")
     for b in ("e2e.test", "ginkgo", "coredns"):
         if not (real.NODE_BIN / b).exists():

@@ -137,17 +137,6 @@ def start_holder(state: Path) -> int:
     return p.pid
 
 
-def cgroup2_mount() -> Path:
-    """Where the machine mounts its cgroup v2 hierarchy (``/sys/fs/cgroup/unified`` in the
-    hybrid layout). runc writes each pod there too, under the kubelet's cgroupRoot: the
-    ``pyk-<node>`` child of it holds exactly one node's pods (``real.bpf_cgroup``)."""
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        left, right = line.split(" - ", 1)
-        if right.split()[0] == "cgroup2":
-            return Path(left.split()[4])
-    raise RuntimeError("no cgroup v2 mount on this machine (ebpf mode needs one)")
-
-
 def masked_values(state: Path) -> dict[str, str]:
     """What the cluster's processes wrote to the masked sysctls (the kubelet's values)."""
     return {p: (state / "sysctl" / p.replace("/", ".")).read_text().strip() for p in MASKED_SYSCTLS}

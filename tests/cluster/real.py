@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from pyproxy.kernel import bpf_mounts
 from tests.cluster import host
 from tests.cluster.cluster import BIN as CP_BIN
 from tests.cluster.cluster import CACHE, K8S_VERSION, apiserver_security, kubeconfig, make_pki
@@ -91,7 +92,21 @@ def bpf_cgroup(node: str) -> Path:
     a child of the machine's root cgroup). ebpf mode's socket programs attach here, so they
     balance that node's pods only; the node's own processes (its kubelet, a shell in its
     namespace) are outside it and reach Services through the nftables rules."""
-    return host.cgroup2_mount() / (host.PREFIX + node)
+    return _cgroup2() / (host.PREFIX + node)
+
+
+def _cgroup2() -> Path:
+    """The machine's cgroup v2 mount (``/sys/fs/cgroup/unified`` in the hybrid layout), as
+    ebpf mode finds it by default."""
+    root = bpf_mounts.cgroup2_root()
+    if root is None:
+        raise RuntimeError("no cgroup v2 mount on this machine (ebpf mode needs one)")
+    return Path(root)
+
+
+def supports(proxy: str, mode: str) -> bool:
+    """Whether ``proxy`` has ``mode`` (ebpf is pyproxy's only)."""
+    return proxy in PROXIES and mode in MODES and (proxy == "pyproxy" or mode != "ebpf")
 
 
 def bpf_pin_dir(node: str) -> str:
@@ -332,7 +347,19 @@ def _ebpf_patch() -> dict[str, Any]:
     hybrid layout: the cgroup2 volume is the hybrid layout's mount, and, as both nodes share
     the machine's cgroups and the cluster's bpffs, each node's pyproxy attaches to its own
     node's pods' cgroup (``bpf_cgroup``) and pins in a directory of its own (``bpf_pin_dir``)."""
-    root = host.cgroup2_mount()
+    ebpf = yaml.safe_load((ROOT / "deploy" / "ebpf" / "daemonset-ebpf.yaml").read_text())
+    (container,) = ebpf["spec"]["template"]["spec"]["containers"]
+    per_node = {
+        "--bpf-cgroup": f"/run/pyproxy/cgroup2/{host.PREFIX}$(NODE_NAME)",
+        "--bpf-pin-dir": bpf_pin_dir("$(NODE_NAME)"),
+    }
+
+    def for_node(arg: str) -> str:
+        flag = arg.split("=", 1)[0]
+        return f"{flag}={per_node[flag]}" if flag in per_node else arg
+
+    args = [for_node(a) for a in container["args"]]  # deploy/ebpf's, two of them per node
+    assert {a.split("=", 1)[0] for a in container["args"]} >= set(per_node), container["args"]
     patch = {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -343,17 +370,14 @@ def _ebpf_patch() -> dict[str, Any]:
                     "containers": [
                         {
                             "name": "pyproxy",
-                            "args": [
-                                "--config=/etc/pyproxy/config.yaml",
-                                "--hostname-override=$(NODE_NAME)",
-                                "--mode=ebpf",
-                                f"--bpf-cgroup=/run/pyproxy/cgroup2/{host.PREFIX}$(NODE_NAME)",
-                                f"--bpf-pin-dir={bpf_pin_dir('$(NODE_NAME)')}",
-                            ],
+                            "args": args,
                         }
                     ],
                     "volumes": [
-                        {"name": "cgroup2", "hostPath": {"path": str(root), "type": "Directory"}}
+                        {
+                            "name": "cgroup2",
+                            "hostPath": {"path": str(_cgroup2()), "type": "Directory"},
+                        }
                     ],
                 }
             }
@@ -434,8 +458,8 @@ def remove(proxy: str) -> None:
 
 def use_proxy(proxy: str, mode: str) -> None:
     """The cluster served by ``proxy`` in ``mode``: deploy it, then remove the other."""
-    if proxy == "kube-proxy" and mode == "ebpf":
-        raise ValueError("kube-proxy has no ebpf mode")
+    if not supports(proxy, mode):
+        raise ValueError(f"{proxy} has no {mode} mode")
     other = [p for p in PROXIES if p != proxy]
     st = _state()
     if st.get("proxy") == "pyproxy" and st.get("mode") == "ebpf" and mode != "ebpf":

@@ -17,9 +17,9 @@ PROXY_CHAIN = re.compile(
 )
 
 
-def _in(node: str, *cmd: str) -> str:
+def _in(node: str, *cmd: str, check: bool = True) -> str:
     argv = ["nsenter", f"--net=/run/netns/{host.PREFIX}{node}", *cmd]
-    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    return subprocess.run(argv, capture_output=True, text=True, check=check).stdout
 
 
 def proxy_chains(node: str) -> list[str]:
@@ -72,5 +72,4 @@ def conntrack(node: str, *match: str) -> list[tuple[str, str]]:
 
 
 def conntrack_delete(node: str, *match: str) -> None:
-    argv = ["nsenter", f"--net=/run/netns/{host.PREFIX}{node}", "conntrack", "-D", *match]
-    subprocess.run(argv, capture_output=True, text=True, check=False)  # 1: nothing matched
+    _in(node, "conntrack", "-D", *match, check=False)  # 1: nothing matched
