@@ -49,7 +49,7 @@ bench: $(BIN)/pyproxy $(BPF_OBJS)
 	$(BIN)/python -m tests.bench.kernel_load --services 10000 --endpoints 10 --backend nft
 	$(BIN)/python -m tests.bench.kernel_load --services 10000 --endpoints 10 --backend legacy
 	$(BIN)/python -m tests.bench.userspace
-	$(BIN)/python -m tests.bench.side_by_side --sizes 1000,10000 --modes ebpf,nftables \
+	$(BIN)/python -m tests.bench.side_by_side --sizes 1000,10000,50000 --modes ebpf,nftables \
 		--churn-seconds 0 --out tests/bench/results/ebpf
 	$(BIN)/python -m tests.bench.data_plane --sizes 10,10000
 

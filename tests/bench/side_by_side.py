@@ -1,6 +1,7 @@
 """Benchmark beside upstream kube-proxy, on one machine, against one API server state.
 
-For each N (services, M endpoints each, created through the API server of tests/cluster),
+For each N (services, M endpoints each, created through the API server of tests/cluster;
+past 10,000 written to its store, ``objects.API_CREATES`` says why),
 upstream kube-proxy v1.36.3 and pyproxy run one after the other, each in a fresh node
 namespace with default flags (plus the kubeconfig, node name and cluster CIDR both need),
 and each is measured for:
@@ -219,7 +220,8 @@ def run(
     churn_seconds: float = 0,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    with entry.cluster("pyproxy-bench-", "172.30.0.11") as (cluster, work):
+    big = max(sizes) > objects.API_CREATES  # objects past it are written to the store
+    with entry.cluster("pyproxy-bench-", "172.30.0.11", storage_json=big) as (cluster, work):
         have = 0
         for n in sizes:
             progress(f"N = {n}: creating services up to {n} ...")

@@ -175,6 +175,10 @@ class Cluster:
     """The API server's watch cache for Services and EndpointSlices, as a production API
     server has it (the benchmarks); off for the e2e tests, whose compaction must make an old
     resourceVersion 410 Gone."""
+    storage_json: bool = False
+    """Objects stored in etcd as JSON rather than protobuf (``--storage-media-type``), so a
+    benchmark can write objects that the API server's own creation path is too slow to reach
+    its sizes with (``tests.bench.objects``)."""
 
     @property
     def server(self) -> str:
@@ -266,6 +270,7 @@ class Cluster:
                 if self.watch_cache
                 else ["--watch-cache-sizes=services#0,endpointslices.discovery.k8s.io#0"]
             ),
+            *(["--storage-media-type=application/json"] if self.storage_json else []),
             "--v=1",
         ]
 
