@@ -61,12 +61,14 @@ class Iptables:
             raise IptablesError(f"{' '.join(cmd)}: {res.stderr.strip() or res.returncode}")
         return res
 
-    def restore(self, data: str, counters: bool = True, timeout: float = 300) -> None:
-        """One atomic iptables-restore --noflush transaction."""
+    def restore(self, data: str, counters: bool = True) -> None:
+        """One atomic iptables-restore --noflush transaction, never cut short (as upstream's:
+        a large table's first restore can take minutes, and a cap that killed it would fail
+        every retry the same way)."""
         cmd = [self.tool("-restore"), "-w", LOCK_WAIT_SECONDS, "--noflush"]
         if counters:
             cmd.append("--counters")
-        res = subprocess.run(cmd, input=data, capture_output=True, text=True, timeout=timeout)
+        res = subprocess.run(cmd, input=data, capture_output=True, text=True)
         if res.returncode != 0:
             # One line for the log: the tool's banner line carries no information.
             lines = [ln.strip() for ln in res.stderr.splitlines() if ln.strip()]

@@ -76,7 +76,7 @@ class FakeIptables(Iptables):
     ) -> subprocess.CompletedProcess[str]:
         raise NotImplementedError("the fake runs no iptables program; use its port methods")
 
-    def restore(self, data: str, counters: bool = True, timeout: float = 300) -> None:
+    def restore(self, data: str, counters: bool = True) -> None:
         before = copy.deepcopy(self.tables)
         table: dict[str, list[str]] | None = None
         name = ""

@@ -134,12 +134,17 @@ class Nft:
 
     def run(self, text: str, flags: int = 0, fresh: bool = False) -> str:
         """One transaction. ``fresh``: in a new ``nft`` process when the program is there (a
-        large one: the memory libnftables grows for it is returned when the process ends)."""
+        large one: the memory libnftables grows for it is returned when the process ends).
+        Never cut short, as upstream's (knftables runs nft under kube-proxy's context.TODO()):
+        the kernel's load grows with the square of the services (one anonymous map each: every
+        new one scans the table's sets for a free name, and binding it walks the whole
+        transaction), 21 s at 10,000 here and some 8 minutes at 50,000, so a cap that killed
+        it would make the first sync fail at every retry. A hung nft shows in /healthz."""
         with self._lock:
             if self._lib is not None and not (fresh and shutil.which("nft")):
                 return self._lib.run(text, flags)
             args = ["nft", *(["-t"] if flags & OUTPUT_TERSE else []), "-f", "-"]
-            res = subprocess.run(args, input=text, capture_output=True, text=True, timeout=600)
+            res = subprocess.run(args, input=text, capture_output=True, text=True)
             if res.returncode != 0:
                 raise NftError(_one_line(res.stderr))
             return res.stdout

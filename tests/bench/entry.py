@@ -36,12 +36,14 @@ def cluster(
     prefix: str, node_ip: str, storage_json: bool = False
 ) -> Iterator[tuple[Cluster, Path]]:
     """A control plane in a new work directory, with pyproxy's service account and RBAC
-    applied and a ready Node ``node-a`` at ``node_ip``; stopped and removed afterwards.
-    ``storage_json``: see ``Cluster.storage_json``."""
+    applied and a ready Node ``node-a`` at ``node_ip``; stopped and removed afterwards. No
+    controller manager: the benchmarks write every EndpointSlice themselves
+    (``Cluster.controller_manager``). ``storage_json``: see ``Cluster.storage_json``."""
     from tests.e2e.kube import Kube
 
     work = Path(tempfile.mkdtemp(prefix=prefix))
-    c = Cluster(work / "control-plane", storage_json=storage_json).start()
+    c = Cluster(work / "control-plane", controller_manager=False, storage_json=storage_json)
+    c.start()
     try:
         kube = Kube(c)
         kube.apply_files(

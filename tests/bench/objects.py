@@ -182,8 +182,8 @@ def store(cluster: Cluster, items: range, m: int, progress: Callable[[str], None
         ]})  # fmt: skip
         done = start + per_txn
         if done // 5000 != start // 5000:
-            progress(f"  {items.start + min(done, len(items))} services, past "
-                     f"{items.start} written to the store")  # fmt: skip
+            progress(f"  services {items.start} to {items.start + min(done, len(items)) - 1}"
+                     " written to the store")  # fmt: skip
 
 
 def b64(text: str) -> str:

@@ -21,6 +21,7 @@ COLUMNS = (
     ("ebpf: maps loaded", "cold_start_map_s", "s"),
     ("ebpf: change in the map", "change_map_p50_s", "ms"),
     ("ebpf: its map write", "change_map_write_p50_s", "ms"),
+    ("ebpf: the sync less its map write", "change_rules_sync_p50_s", "ms"),
 )
 
 

@@ -27,12 +27,12 @@ from tests.netns.world import CLUSTER_CIDR
 class Failing(Iptables):
     """The real tool, failing on the transaction after ``allowed`` succeeded."""
 
-    def restore(self, data: str, counters: bool = True, timeout: float = 300) -> None:
+    def restore(self, data: str, counters: bool = True) -> None:
         left: list[int] = self.left  # type: ignore[attr-defined]
         if left[0] == 0:
             raise IptablesError("iptables-nft-restore: killed (injected by the test)")
         left[0] -= 1
-        super().restore(data, counters, timeout)
+        super().restore(data, counters)
 
 
 def main() -> int:

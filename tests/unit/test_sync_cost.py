@@ -32,7 +32,7 @@ class RecordingIptables(Iptables):
         super().__init__("nft")
         object.__setattr__(self, "restores", [])
 
-    def restore(self, data: str, counters: bool = True, timeout: float = 300) -> None:
+    def restore(self, data: str, counters: bool = True) -> None:
         self.restores.append(data)  # type: ignore[attr-defined]
 
     def save(self, table: str, timeout: float = 120, counters: bool = False) -> str:
