@@ -49,21 +49,26 @@ def floor_of_namespace(ns: str, mode: str = "iptables") -> float:
     return restore_plainly(text)
 
 
-def render_beside_floor(n: int, m: int) -> dict[str, float]:
-    """``pyproxy render`` of N services x M endpoints from a manifests directory, and the
-    floor for the rules it prints."""
+def render(n: int, m: int, mode: str = "iptables") -> tuple[str, float]:
+    """``pyproxy render`` of N services x M endpoints from a manifests directory: the rules
+    it prints (``mode``: iptables or nftables) and the seconds it took."""
     with tempfile.TemporaryDirectory(prefix="pyproxy-render-") as d:
         docs = []
         for i in range(n):
             svc = service(i)
-            svc["spec"]["clusterIP"] = f"10.96.{i // 256}.{i % 256}"
+            svc["spec"]["clusterIP"] = f"10.{96 + i // 65536}.{i // 256 % 256}.{i % 256}"
             docs += [svc, endpoint_slice(i, m)]
         Path(d, "objects.yaml").write_text(yaml.dump_all(docs, Dumper=yaml.CSafeDumper))
         t0 = time.monotonic()
         out = subprocess.run(
             [PYPROXY, "render", "--manifests", d, "--node", "node-a",
-             "--cluster-cidr", "10.128.0.0/9"],
+             "--cluster-cidr", "10.128.0.0/9", "--mode", mode],
             capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip
-        render_s = time.monotonic() - t0
+        return out, time.monotonic() - t0
+
+
+def render_beside_floor(n: int, m: int) -> dict[str, float]:
+    """``pyproxy render`` of N services x M endpoints, and the floor for the rules it prints."""
+    out, render_s = render(n, m)
     return {"services": n, "endpoints": m, "render_s": render_s, "floor_s": restore_plainly(out)}
