@@ -132,12 +132,17 @@ def load_config(flags: dict[str, Any], config_file: str | None = None) -> ProxyC
     return load(flags, config_file, registry.modes(), registry.DEFAULT)
 
 
+def cluster_ip(i: int) -> str:
+    """Service ``i``'s ClusterIP in the tests' and benchmarks' layouts: 65,536 per /16 from
+    10.96.0.0, none colliding."""
+    return f"10.{96 + i // 65536}.{i // 256 % 256}.{i % 256}"
+
+
 def objects(n: int) -> list[dict[str, Any]]:
     """``n`` ClusterIP services in namespace bench, each with two endpoints."""
     out = []
     for i in range(n):
-        ip = f"10.{96 + i // 65536}.{i // 256 % 256}.{i % 256}"
-        out.append(service("bench", f"svc-{i}", ip, [port("http", 80)]))
+        out.append(service("bench", f"svc-{i}", cluster_ip(i), [port("http", 80)]))
         out.append(slice_of(i, [f"10.{128 + i // 256 % 64}.{i % 256}.{k}" for k in (1, 2)]))
     return out
 

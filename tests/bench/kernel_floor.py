@@ -12,10 +12,13 @@ from pathlib import Path
 import yaml
 
 from tests.bench.objects import endpoint_slice, service
+from tests.helpers import cluster_ip
 from tests.netns.world import PYPROXY, sh
 
 
-def restore_plainly(text: str, mode: str = "iptables") -> float:
+def restore_plainly(text: str, mode: str = "iptables", wrap: tuple[str, ...] = ()) -> float:
+    """Seconds to load ``text`` into a new empty namespace (``wrap``: a command the load runs
+    under, such as ``perf record --``)."""
     ns = "ppbench-floor"
     sh("ip", "netns", "del", ns, check=False)  # left by an interrupted run
     sh("ip", "netns", "add", ns)
@@ -25,7 +28,7 @@ def restore_plainly(text: str, mode: str = "iptables") -> float:
     try:
         t0 = time.monotonic()
         subprocess.run(
-            ["ip", "netns", "exec", ns, *loader],
+            [*wrap, "ip", "netns", "exec", ns, *loader],
             input=text, text=True, check=True, capture_output=True,
         )  # fmt: skip
         return time.monotonic() - t0
@@ -56,7 +59,7 @@ def render(n: int, m: int, mode: str = "iptables") -> tuple[str, float]:
         docs = []
         for i in range(n):
             svc = service(i)
-            svc["spec"]["clusterIP"] = f"10.{96 + i // 65536}.{i // 256 % 256}.{i % 256}"
+            svc["spec"]["clusterIP"] = cluster_ip(i)
             docs += [svc, endpoint_slice(i, m)]
         Path(d, "objects.yaml").write_text(yaml.dump_all(docs, Dumper=yaml.CSafeDumper))
         t0 = time.monotonic()

@@ -14,31 +14,20 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 from tests.bench.kernel_floor import render, restore_plainly
 from tests.bench.report import machine
 from tests.bench.side_by_side import progress
-from tests.netns.world import sh
 
 
 def perf_top(rules: str) -> str:
     """The kernel symbols a plain load of ``rules`` spends its time in (perf, cpu-clock)."""
-    ns = "ppbench-perf"
     with tempfile.TemporaryDirectory(prefix="pyproxy-perf-") as d:
-        Path(d, "rules.nft").write_text(rules)
-        sh("ip", "netns", "del", ns, check=False)  # left by an interrupted run
-        sh("ip", "netns", "add", ns)
-        try:
-            subprocess.run(
-                ["perf", "record", "-q", "-e", "cpu-clock", "-o", f"{d}/perf.data", "--",
-                 "ip", "netns", "exec", ns, "nft", "-f", f"{d}/rules.nft"],
-                check=True, capture_output=True,
-            )  # fmt: skip
-        finally:
-            sh("ip", "netns", "del", ns, check=False)
+        data = f"{d}/perf.data"
+        restore_plainly(rules, "nftables", ("perf", "record", "-q", "-e", "cpu-clock", "-o", data,
+                                            "--"))  # fmt: skip
         report = subprocess.run(
-            ["perf", "report", "-i", f"{d}/perf.data", "--stdio", "--no-children",
+            ["perf", "report", "-i", data, "--stdio", "--no-children",
              "--sort", "sym", "--percent-limit", "2"],
             check=True, capture_output=True, text=True,
         ).stdout  # fmt: skip

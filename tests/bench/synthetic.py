@@ -14,13 +14,14 @@ from pyproxy.model.types import (
     ServicePort,
     ServicePortName,
 )
+from tests.helpers import cluster_ip
 
 
 def service_port(i: int) -> ServicePort:
     spn = ServicePortName(NamespacedName("bench", f"svc-{i}"), "http", Protocol.TCP)
     return ServicePort(
         spn,
-        (ipaddress.ip_address(f"10.{96 + i // 65536}.{i // 256 % 256}.{i % 256}"),),
+        (ipaddress.ip_address(cluster_ip(i)),),
         80,
         node_port=30000 + i % 2000 if i < 2000 else 0,
     )
