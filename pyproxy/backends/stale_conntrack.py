@@ -4,8 +4,12 @@ UDP has no connection teardown, so a client keeps hitting the DNAT target conntr
 for it until the entry times out, even after that endpoint is gone (upstream issues #19029,
 #48370). After a sync, delete: flows to a removed endpoint, flows that were blackholed while
 a service had no endpoints, and flows to a service address or NodePort that went away.
-Filters are narrow (service address + port, or the endpoint as DNAT target) so unrelated UDP
-flows, such as QUIC on the node, survive (upstream #122740).
+An endpoint is its address and port, as upstream's reconciler keys it (``CleanStaleEntries``,
+pkg/proxy/conntrack/cleanup.go): a target port that moves on the same pod leaves flows to
+the old port behind, which upstream's e2e "cleanup conntrack entries when UDP service target
+port changes" expects gone. Filters are narrow (the service's address and port or its
+NodePort, and the endpoint's address and port as the reply's source) so unrelated UDP flows,
+such as QUIC on the node, survive (upstream #122740).
 Shared by every NAT-based backend; the deletions themselves run in ``pyproxy.kernel``.
 """
 
@@ -26,8 +30,8 @@ from pyproxy.model.types import (
 Filter = tuple[str, ...]
 
 
-def _usable(eps: tuple[Endpoint, ...]) -> set[str]:
-    return {str(e.ip) for e in eps if e.ready or (e.serving and e.terminating)}
+def _usable(eps: tuple[Endpoint, ...]) -> set[tuple[str, int]]:
+    return {(str(e.ip), e.port) for e in eps if e.ready or (e.serving and e.terminating)}
 
 
 def _addresses(sp: ServicePort) -> list[str]:
@@ -84,9 +88,10 @@ def stale_filters(
                 add("--orig-dst", addr, "--dport", str(nsp.port))
             if nsp.node_port:
                 add("--dport", str(nsp.node_port))
-        for ep_ip in sorted(before - after):
+        for ep_ip, ep_port in sorted(before - after):
+            endpoint = ("--reply-src", ep_ip, "--reply-port-src", str(ep_port))
             for addr in _addresses(nsp):
-                add("--orig-dst", addr, "--dst-nat", ep_ip)
+                add("--orig-dst", addr, "--dport", str(nsp.port), *endpoint)
             if nsp.node_port:
-                add("--dport", str(nsp.node_port), "--dst-nat", ep_ip)
+                add("--dport", str(nsp.node_port), *endpoint)
     return out

@@ -208,6 +208,44 @@ def test_udp_client_follows_replaced_backend(world: World, proxy: Pyproxy) -> No
     assert world.probe("udp", "10.96.1.9", 53, count=5, sport=40001)["replies"] == {"pod-2": 5}
 
 
+@pytest.fixture(scope="module")
+def second_port(world: World) -> str:
+    """A second echo server in pod-1, on UDP 5354, answering with its own name."""
+    world.start_echo(world.pods[0], "--name", "port-5354", "--udp", "5354", "--tcp", "8081")
+    return "port-5354"
+
+
+def test_udp_client_follows_a_changed_target_port(
+    world: World, proxy: Pyproxy, second_port: str
+) -> None:
+    """Upstream's "should be able to cleanup conntrack entries when UDP service target port
+    changes for a NodePort service": the endpoint keeps its address and moves to another port.
+    The same client socket (fixed source port) to the NodePort must reach the new port though
+    the old one still answers: the entry to the old address:port is stale and cleared."""
+    np = {**DNS, "nodePort": 30055}
+    objs = manifest_objects(
+        world, svc("retarget", "10.96.1.19", [np], type="NodePort"), pods(world, 1), DNS_EP
+    )
+    proxy.write("retarget", *objs)
+    reachable(world, NODE_CLIENT_IP, 30055, "udp")
+    r = world.probe("udp", NODE_CLIENT_IP, 30055, count=5, sport=40002)
+    assert r["replies"] == {"pod-1": 5}
+    before = proxy.syncs()
+    objs[1]["ports"] = [{**DNS_EP[0], "port": 5354}]
+    proxy.write("retarget", *objs)
+    wait_for(lambda: proxy.syncs() > before, what="a sync after the change")
+    r = wait_for(
+        lambda: (lambda x: x if x["replies"].get(second_port) else None)(
+            world.probe("udp", NODE_CLIENT_IP, 30055, count=1, sport=40002, timeout=1.0)
+        ),
+        timeout=5,
+        what="the same UDP client to reach the new target port",
+    )
+    assert r["replies"] == {second_port: 1}
+    r = world.probe("udp", NODE_CLIENT_IP, 30055, count=5, sport=40002)
+    assert r["replies"] == {second_port: 5}
+
+
 def test_hairpin_pod_reaches_itself_through_its_service(world: World, proxy: Pyproxy) -> None:
     proxy.write(
         "hairpin",

@@ -211,8 +211,10 @@ class World:
             self.start_echo(pod)
         return pod
 
-    def start_echo(self, pod: Pod) -> subprocess.Popen[str]:
-        p = self.spawn(self.ns_of(pod), PYTHON, str(HERE / "echo.py"), "--name", pod.name)
+    def start_echo(self, pod: Pod, *args: str) -> subprocess.Popen[str]:
+        """The pod's echo server; ``args`` for a second one (another name and ports)."""
+        cmd = args or ("--name", pod.name)
+        p = self.spawn(self.ns_of(pod), PYTHON, str(HERE / "echo.py"), *cmd)
         assert p.stdout is not None
         line = p.stdout.readline()
         if line.strip() != "ready":
