@@ -10,7 +10,7 @@ DEBS   := iptables ipset conntrack nftables iproute2 ipvsadm user-mode-linux pro
 BPF_OBJS := pyproxy/backends/ebpf/bpf/sock_lb.o
 
 .PHONY: install debs test unit lint e2e bench bench-quick soak demo cluster cluster-down clean \
-        real-build real-cluster real-smoke conformance
+        real-build real-cluster real-smoke conformance network-e2e
 
 install: debs $(BIN)/pyproxy $(BPF_OBJS)
 
@@ -88,12 +88,14 @@ cluster-down: $(BIN)/pyproxy
 
 # The real cluster: two nodes (kubelet, containerd, CNI) in network namespaces, the control
 # plane in its own, pyproxy as its DaemonSet. Builds from Go modules on first use (progress).
+# FAMILY=ipv4 (default), ipv6 or dual; real-smoke brings up a dual-stack cluster.
+FAMILY ?= ipv4
 real-build: $(BIN)/pyproxy
 	tests/cluster/build.sh node
 	tests/cluster/images.sh
 
 real-cluster: real-build
-	$(BIN)/python -m tests.cluster.real up
+	$(BIN)/python -m tests.cluster.real up --family $(FAMILY)
 
 real-smoke: real-build
 	$(BIN)/pytest -q -rs -m realcluster tests/realcluster
@@ -104,6 +106,13 @@ conformance: $(BIN)/pyproxy
 	tests/cluster/build.sh conformance
 	tests/cluster/images.sh
 	$(BIN)/python -m tests.cluster.conformance
+
+# Upstream's whole [sig-network] suite with upstream's own job's skip for each mode and FAMILY,
+# upstream kube-proxy then pyproxy in iptables, nftables and ebpf mode (hours: not in CI).
+network-e2e: $(BIN)/pyproxy
+	tests/cluster/build.sh conformance
+	tests/cluster/images.sh
+	$(BIN)/python -m tests.cluster.network_e2e --family $(FAMILY)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(BPF_OBJS)

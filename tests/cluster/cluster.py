@@ -132,7 +132,7 @@ def make_pki(d: Path, ips: tuple[str, ...] = ("127.0.0.1", "10.96.0.1")) -> None
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
 
 
-def apiserver_security(pki: Path, tokens: Path) -> list[str]:
+def apiserver_security(pki: Path, tokens: Path, service_cidr: str = SERVICE_CIDR) -> list[str]:
     """kube-apiserver's TLS, static tokens, service-account keys and Service ranges (both
     clusters' API servers take these; each adds how it listens and authorizes)."""
     return [
@@ -143,7 +143,7 @@ def apiserver_security(pki: Path, tokens: Path) -> list[str]:
         "--service-account-issuer=https://kubernetes.default.svc",
         f"--service-account-key-file={pki / 'sa.pub'}",
         f"--service-account-signing-key-file={pki / 'sa.key'}",
-        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--service-cluster-ip-range={service_cidr}",
         "--service-node-port-range=30000-32767",
         "--allow-privileged=true",
     ]

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,21 +49,7 @@ RUNS = (
 DEFAULT_OUT = real.ROOT / "build" / "conformance"
 
 
-def ensure_dns() -> None:
-    manifest = (real.HERE / "manifests" / "coredns.yaml").read_text()
-    real.kubectl("apply", "-f", "-", stdin=manifest)
-    real.kubectl(
-        "rollout",
-        "status",
-        "deployment/coredns",
-        "-n",
-        "kube-system",
-        "--timeout=180s",
-        timeout=200,
-    )
-
-
-def run_e2e(name: str, out: Path, procs: int, focus: str) -> Path:
+def run_e2e(name: str, out: Path, procs: int, focus: str, skip: str = SKIP) -> Path:
     """One ginkgo run of e2e.test in the lan namespace; returns its JUnit file."""
     d = out / name
     subprocess.run(["rm", "-rf", str(d)], check=True)
@@ -73,7 +60,7 @@ def run_e2e(name: str, out: Path, procs: int, focus: str) -> Path:
         str(real.NODE_BIN / "ginkgo"),
         f"--procs={procs}",
         f"--focus={focus}",
-        f"--skip={SKIP}",
+        f"--skip={skip}",
         "--no-color",
         "--timeout=2h",
         str(real.NODE_BIN / "e2e.test"),
@@ -126,15 +113,21 @@ def progress(fd: int, logf: Any, name: str, t0: float) -> None:
             print(f"  {name}: {done} specs finished, {last - t0:.0f}s", flush=True)
 
 
-def results(junit: Path, focus: str) -> dict[str, dict[str, str]]:
+def results(
+    junit: Path, focus: str, skip: str = SKIP, reasons: dict[str, str] | None = None
+) -> dict[str, dict[str, str]]:
     """test name -> {status, reason}, for the tests the focus selects (ginkgo's report also
-    lists every spec the focus left out, as skipped)."""
+    lists every spec the focus left out, as skipped); a test in ``reasons`` (skipped by its
+    name) is listed as skipped with that reason."""
     want = re.compile(focus)
-    skip = re.compile(SKIP)
+    unwanted = re.compile(skip)
     out: dict[str, dict[str, str]] = {}
     for tc in ET.parse(junit).getroot().iter("testcase"):
         name = re.sub(r"^\[It\] ", "", tc.get("name", ""))
-        if not want.search(name) or skip.search(name):
+        if reasons and name in reasons:
+            out[name] = {"status": "skipped", "reason": reasons[name]}
+            continue
+        if not want.search(name) or unwanted.search(name):
             continue
         failure = tc.find("failure")
         skipped = tc.find("skipped")
@@ -183,6 +176,50 @@ def line_for(run: str, res: dict[str, dict[str, str]]) -> str:
     return f"{p} passed, {f} failed, {s} skipped"
 
 
+def run_all(
+    label: str,
+    runs: list[tuple[str, str]],
+    fam: str,
+    focus: str,
+    skip_of: Callable[[str], str],
+    out: Path,
+    procs: int,
+    reasons: dict[str, str] | None = None,
+    suffix: str = "",
+) -> dict[str, dict[str, dict[str, str]]]:
+    """Each (proxy, mode) of ``runs`` on one cluster of family ``fam`` (brought up, or reused
+    if up), the tests ``focus`` selects less ``skip_of(mode)``; writes the summaries and prints
+    ``<label> <proxy> <mode><suffix>: N passed, N failed, N skipped`` per run, and all of them
+    again at the end."""
+    for proxy, mode in runs:
+        if not real.supports(proxy, mode):
+            raise SystemExit(f"unknown run {proxy}:{mode}")
+    for b in ("e2e.test", "ginkgo", "coredns"):
+        if not (real.NODE_BIN / b).exists():
+            raise SystemExit(f"missing {real.NODE_BIN / b}: run tests/cluster/build.sh conformance")
+    out.mkdir(parents=True, exist_ok=True)
+    first_proxy, first_mode = runs[0]
+    real.up(first_proxy, first_mode, fam)
+    real.ensure_dns()
+    all_results: dict[str, dict[str, dict[str, str]]] = {}
+    durations: dict[str, float] = {}
+    lines = {}
+    for proxy, mode in runs:
+        name = f"{proxy}:{mode}"
+        real.use_proxy(proxy, mode)
+        t0 = time.monotonic()
+        junit = run_e2e(name.replace(":", "-"), out, procs, focus, skip_of(mode))
+        durations[name] = time.monotonic() - t0
+        all_results[name] = results(junit, focus, skip_of(mode), reasons)
+        summarize(all_results, durations, out)
+        lines[name] = f"{label} {proxy} {mode}{suffix}: {line_for(name, all_results[name])}"
+        print(lines[name], flush=True)
+    print(f"summary: {out / 'summary.md'}; the cluster stays up (make cluster-down removes it)")
+    for line in lines.values():
+        print(line)
+    return all_results
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.cluster.conformance")
     ap.add_argument("--runs", default=",".join(RUNS))
@@ -190,33 +227,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--procs", type=int, default=4)
     ap.add_argument("--focus", default=FOCUS)
     a = ap.parse_args(argv)
-    a.out = a.out.resolve()  # ginkgo runs e2e.test in its own directory: a relative path moves
-    runs = [tuple(r.split(":", 1)) for r in a.runs.split(",")]
-    for proxy, mode in runs:
-        if not real.supports(proxy, mode):
-            raise SystemExit(f"unknown run {proxy}:{mode}")
-    for b in ("e2e.test", "ginkgo", "coredns"):
-        if not (real.NODE_BIN / b).exists():
-            raise SystemExit(f"missing {real.NODE_BIN / b}: run tests/cluster/build.sh conformance")
-    a.out.mkdir(parents=True, exist_ok=True)
-    first_proxy, first_mode = runs[0]
-    real.up(first_proxy, first_mode)
-    ensure_dns()
-    all_results: dict[str, dict[str, dict[str, str]]] = {}
-    durations: dict[str, float] = {}
-    for proxy, mode in runs:
-        name = f"{proxy}:{mode}"
-        real.use_proxy(proxy, mode)
-        t0 = time.monotonic()
-        junit = run_e2e(name.replace(":", "-"), a.out, a.procs, a.focus)
-        durations[name] = time.monotonic() - t0
-        all_results[name] = results(junit, a.focus)
-        summarize(all_results, durations, a.out)
-        print(f"conformance {proxy} {mode}: {line_for(name, all_results[name])}", flush=True)
-    print(f"summary: {a.out / 'summary.md'}; the cluster stays up (make cluster-down removes it)")
-    for proxy, mode in runs:
-        name = f"{proxy}:{mode}"
-        print(f"conformance {proxy} {mode}: {line_for(name, all_results[name])}")
+    runs = [(p, m) for p, _, m in (r.partition(":") for r in a.runs.split(","))]
+    # ginkgo runs e2e.test in its own directory: a relative path would move.
+    run_all("conformance", runs, "ipv4", a.focus, lambda mode: SKIP, a.out.resolve(), a.procs)
     return 0
 
 

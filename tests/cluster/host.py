@@ -24,7 +24,10 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
+
+from tests.cluster.family import Stack
 
 PREFIX = "pyk-"
 HOLDER = "pyproxy-real-cluster-holder"
@@ -73,17 +76,21 @@ def netns_names() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)]
 
 
-def make_network(lan_ip: str, nodes: list[tuple[str, str, str]]) -> None:
-    """``nodes``: (name, address, pod CIDR). The lan namespace is the nodes' switch and their
-    router to each other's pod CIDR; each node routes the others' pod CIDRs to them."""
+def make_network(stacks: Sequence[Stack], nodes: list[str]) -> None:
+    """``nodes``: names, in the order of the stacks' node addresses and pod CIDRs. The lan
+    namespace is the nodes' switch and their router to each other's pod CIDRs; each node routes
+    the others' pod CIDRs to them, in each family of ``stacks``. IPv6 addresses are set without
+    duplicate address detection (``nodad``): the lan is the cluster's own, and a tentative
+    address would refuse the API server's bind for a second or two."""
     lan = PREFIX + "lan"
     run("ip", "netns", "add", lan)
     run("ip", "link", "set", "lo", "up", ns=lan)
     run("ip", "link", "add", "br0", "type", "bridge", ns=lan)
-    run("ip", "addr", "add", f"{lan_ip}/24", "dev", "br0", ns=lan)
+    for s in stacks:
+        run("ip", "addr", "add", f"{s.lan_ip}/{s.lan_length}", "dev", "br0", *_nodad(s), ns=lan)
     run("ip", "link", "set", "br0", "up", ns=lan)
-    run("sysctl", "-qw", "net.ipv4.ip_forward=1", ns=lan)
-    for i, (name, addr, _) in enumerate(nodes):
+    _forward(lan)
+    for i, name in enumerate(nodes):
         ns = PREFIX + name
         run("ip", "netns", "add", ns)
         run("ip", "link", "set", "lo", "up", ns=ns)
@@ -91,15 +98,29 @@ def make_network(lan_ip: str, nodes: list[tuple[str, str, str]]) -> None:
         run("ip", "link", "add", f"v{i}", "type", "veth", "peer", "name", "eth0", ns=lan)
         run("ip", "link", "set", "eth0", "netns", f"/run/netns/{ns}", ns=lan)
         run("ip", "link", "set", f"v{i}", "master", "br0", "up", ns=lan)
-        run("ip", "addr", "add", f"{addr}/24", "dev", "eth0", ns=ns)
+        for s in stacks:
+            addr = f"{s.node_ip(i)}/{s.lan_length}"
+            run("ip", "addr", "add", addr, "dev", "eth0", *_nodad(s), ns=ns)
         run("ip", "link", "set", "eth0", "up", ns=ns)
-        run("ip", "route", "add", "default", "via", lan_ip, ns=ns)
-        run("sysctl", "-qw", "net.ipv4.ip_forward=1", ns=ns)
-    for name, addr, cidr in nodes:
-        run("ip", "route", "add", cidr, "via", addr, ns=lan)
-        for other, _, _ in nodes:
-            if other != name:
-                run("ip", "route", "add", cidr, "via", addr, ns=PREFIX + other)
+        for s in stacks:
+            run("ip", "route", "add", s.default, "via", s.lan_ip, ns=ns)
+        _forward(ns)
+    for s in stacks:
+        for i, name in enumerate(nodes):
+            cidr, addr = s.pod_cidrs[i], s.node_ip(i)
+            run("ip", "route", "add", cidr, "via", addr, ns=lan)
+            for other in nodes:
+                if other != name:
+                    run("ip", "route", "add", cidr, "via", addr, ns=PREFIX + other)
+
+
+def _nodad(s: Stack) -> list[str]:
+    return ["nodad"] if s.ipv6 else []
+
+
+def _forward(ns: str) -> None:
+    """Forwarding in both families (a namespace's own sysctls, not the machine's)."""
+    run("sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1", ns=ns)
 
 
 def start_holder(state: Path) -> int:
@@ -176,7 +197,11 @@ def machine_facts() -> dict[str, str]:
     """What a cluster must not change on the machine (read only: nothing here writes):
     sysctls, addresses, routes, rules, namespaces and mounts."""
     facts = {f"sysctl {p}": Path(f"/proc/sys/{p}").read_text() for p in MASKED_SYSCTLS}
-    for p in ("net/ipv4/ip_forward", "net/netfilter/nf_conntrack_max"):
+    for p in (
+        "net/ipv4/ip_forward",
+        "net/ipv6/conf/all/forwarding",
+        "net/netfilter/nf_conntrack_max",
+    ):
         f = Path(f"/proc/sys/{p}")
         if f.exists():
             facts[f"sysctl {p}"] = f.read_text()

@@ -19,16 +19,25 @@ from pathlib import Path
 from tests.cluster import host
 
 PAUSE = "registry.k8s.io/pause:3.10.2"
-CLUSTER_DNS = "10.96.0.10"
-CLUSTER_CIDR = "10.244.0.0/16"
 
 
 @dataclass
 class Node:
     name: str
-    address: str
-    pod_cidr: str
+    addresses: tuple[str, ...]  # one per IP family, the primary first (kubelet's --node-ip)
+    pod_cidrs: tuple[str, ...]  # likewise
+    dns: str  # the cluster DNS's address in the primary family
     state: Path  # this node's directory
+
+    @property
+    def address(self) -> str:
+        """The node's primary address (its first InternalIP)."""
+        return self.addresses[0]
+
+    def address_of(self, version: int) -> str:
+        """The node's address in IP version 4 or 6."""
+        (ip,) = [a for a in self.addresses if (":" in a) == (version == 6)]
+        return ip
 
     @property
     def netns(self) -> str:
@@ -91,8 +100,10 @@ state = "{d}/state"
                         "ipam": {
                             "type": "host-local",
                             "dataDir": str(self.state / "ipam"),
-                            "ranges": [[{"subnet": self.pod_cidr}]],
-                            "routes": [{"dst": "0.0.0.0/0"}],
+                            "ranges": [[{"subnet": c}] for c in self.pod_cidrs],
+                            "routes": [
+                                {"dst": "::/0" if ":" in c else "0.0.0.0/0"} for c in self.pod_cidrs
+                            ],
                         },
                     },
                     {"type": "portmap", "capabilities": {"portMappings": True}},
@@ -110,11 +121,12 @@ state = "{d}/state"
                 "cgroupDriver": "cgroupfs",
                 "cgroupRoot": "/" + host.PREFIX + self.name,
                 "containerRuntimeEndpoint": f"unix://{self.sock}",
-                "clusterDNS": [CLUSTER_DNS],
+                "clusterDNS": [self.dns],
                 "clusterDomain": "cluster.local",
                 "resolvConf": str(self.state / "resolv.conf"),
                 "failSwapOn": False,
-                "address": self.address,
+                # An IPv6 wildcard takes both families (the node namespace's bindv6only is 0).
+                "address": "::" if len(self.addresses) > 1 else self.address,
                 "healthzBindAddress": "127.0.0.1",
                 "readOnlyPort": 0,
                 "podLogsDir": str(self.state / "pod-logs"),
@@ -211,7 +223,7 @@ state = "{d}/state"
                 f"--kubeconfig={kubeconfig}",
                 f"--root-dir={self.state / 'kubelet'}",
                 f"--hostname-override={self.name}",
-                f"--node-ip={self.address}",
+                f"--node-ip={','.join(self.addresses)}",
                 "--v=2",
                 env={"PATH": path},
             )

@@ -5,6 +5,7 @@ as kubeadm deploys it). The machine's own network namespace is never touched; se
 for what the cluster lives in and how it is removed.
 
     python -m tests.cluster.real up [--proxy pyproxy|kube-proxy] [--mode iptables|nftables|ebpf]
+                                    [--family ipv4|ipv6|dual]
     python -m tests.cluster.real proxy pyproxy|kube-proxy [--mode ...]   (switch a live cluster)
     python -m tests.cluster.real down
 
@@ -27,10 +28,11 @@ from typing import Any
 import yaml
 
 from pyproxy.kernel import bpf_mounts
+from tests.cluster import family as families
 from tests.cluster import host
 from tests.cluster.cluster import BIN as CP_BIN
 from tests.cluster.cluster import CACHE, K8S_VERSION, apiserver_security, kubeconfig, make_pki
-from tests.cluster.node import CLUSTER_CIDR, Node
+from tests.cluster.node import Node
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -39,8 +41,6 @@ CONTAINERD_VERSION = os.environ.get("CONTAINERD_VERSION", "v2.3.7")
 COREDNS_VERSION = os.environ.get("COREDNS_VERSION", "v1.14.2")
 NODE_BIN = CACHE / f"node-{K8S_VERSION}-containerd-{CONTAINERD_VERSION}-coredns-{COREDNS_VERSION}"
 IMAGES = CACHE / "images"
-LAN_IP = "172.18.0.1"
-SERVER = f"https://{LAN_IP}:6443"
 LAN = host.PREFIX + "lan"
 NODE_NAMES = ("node-a", "node-b")
 ADMIN_TOKEN = "pyk-admin-token"
@@ -49,15 +49,33 @@ MODES = ("iptables", "nftables", "ebpf")  # ebpf: pyproxy only
 # What the proxy DaemonSets are called and how their pods are labelled.
 DAEMONSETS = {
     "pyproxy": ("pyproxy", "app.kubernetes.io/name=pyproxy"),
-    "kube-proxy": ("kube-proxy", "k8s-app=kube-proxy"),
+    # pyproxy's pods carry kube-proxy's label too (deploy/base/daemonset.yaml).
+    "kube-proxy": ("kube-proxy", "k8s-app=kube-proxy,!app.kubernetes.io/name"),
 }
 
 
-def nodes() -> list[Node]:
+def family() -> str:
+    """The IP family of the cluster that is up (or was last brought up): ipv4, ipv6 or dual."""
+    return str(_state().get("family", "ipv4"))
+
+
+def nodes(fam: str | None = None) -> list[Node]:
+    st = families.stacks(fam or family())
     return [
-        Node(name, f"172.18.0.{i + 2}", f"10.244.{i + 1}.0/24", STATE / name)
+        Node(
+            name,
+            tuple(s.node_ip(i) for s in st),
+            tuple(s.pod_cidrs[i] for s in st),
+            st[0].dns_ip,
+            STATE / name,
+        )
         for i, name in enumerate(NODE_NAMES)
     ]
+
+
+def lan_ip() -> str:
+    """The API server's address on the lan, in the cluster's primary family."""
+    return families.stacks(family())[0].lan_ip
 
 
 def node_token(name: str) -> str:
@@ -166,8 +184,13 @@ def running() -> bool:
     return bool(st.get("holder")) and Path(f"/proc/{st['holder']}").exists()
 
 
-def up(proxy: str = "pyproxy", mode: str = "iptables") -> None:
+def up(proxy: str = "pyproxy", mode: str = "iptables", fam: str = "ipv4") -> None:
+    families.stacks(fam)  # an unknown family fails here, before anything is made
     if running():
+        if family() != fam:
+            raise SystemExit(
+                f"a {family()} cluster is up ({STATE}); make cluster-down, then bring up {fam}"
+            )
         host.log(f"cluster already up ({STATE}); switching its proxy to {proxy} {mode}")
         use_proxy(proxy, mode)
         return
@@ -183,15 +206,18 @@ def up(proxy: str = "pyproxy", mode: str = "iptables") -> None:
         raise SystemExit(f"cannot remove what an earlier cluster left: {left}")
     t0 = time.monotonic()
     STATE.mkdir(parents=True)
-    ns = nodes()
-    host.log("network namespaces: pyk-lan (control plane) and " + ", ".join(n.netns for n in ns))
+    ns = nodes(fam)
+    host.log(
+        f"{fam} cluster; network namespaces: pyk-lan (control plane) and "
+        + ", ".join(n.netns for n in ns)
+    )
     try:
-        host.make_network(LAN_IP, [(n.name, n.address, n.pod_cidr) for n in ns])
+        host.make_network(families.stacks(fam), list(NODE_NAMES))
         holder = host.start_holder(STATE)
-        st: dict[str, Any] = {"holder": holder, "pids": {}, "kubelets": []}
+        st: dict[str, Any] = {"holder": holder, "pids": {}, "kubelets": [], "family": fam}
         _save(st)
-        _control_plane(holder, st)
-        host.log(f"control plane up at {SERVER} ({time.monotonic() - t0:.0f}s)")
+        _control_plane(holder, st, fam)
+        host.log(f"control plane up at {families.server(fam)} ({time.monotonic() - t0:.0f}s)")
         archives = sorted(IMAGES.glob("*.tar"))
         for n in ns:
             pids = n.start(holder, NODE_BIN, STATE / f"{n.name}.kubeconfig", archives)
@@ -202,6 +228,7 @@ def up(proxy: str = "pyproxy", mode: str = "iptables") -> None:
         wait(nodes_ready, "both nodes Ready", 180)
         host.log(f"nodes Ready ({time.monotonic() - t0:.0f}s)")
         use_proxy(proxy, mode)
+        ensure_dns()
         took = time.monotonic() - t0
         host.log(f"cluster up in {took:.0f}s; admin kubeconfig {STATE / 'admin.kubeconfig'}")
     except BaseException:
@@ -213,17 +240,20 @@ def up(proxy: str = "pyproxy", mode: str = "iptables") -> None:
         raise
 
 
-def _control_plane(holder: int, st: dict[str, Any]) -> None:
+def _control_plane(holder: int, st: dict[str, Any], fam: str) -> None:
     pki = STATE / "pki"
-    make_pki(pki, ips=(LAN_IP, "10.96.0.1", "127.0.0.1"))
+    stacks = families.stacks(fam)
+    ips = [ip for s in stacks for ip in (s.lan_ip, s.kubernetes_ip)]
+    make_pki(pki, ips=(*ips, "127.0.0.1", "::1"))
+    server = families.server(fam)
     rows = [f'{ADMIN_TOKEN},admin,admin-uid,"system:masters"']
     for name in NODE_NAMES:
         rows.append(f'{node_token(name)},system:node:{name},{name}-uid,"system:nodes"')
         (STATE / f"{name}.kubeconfig").write_text(
-            kubeconfig(SERVER, pki / "ca.crt", node_token(name))
+            kubeconfig(server, pki / "ca.crt", node_token(name))
         )
     (STATE / "tokens.csv").write_text("\n".join(rows) + "\n")
-    (STATE / "admin.kubeconfig").write_text(kubeconfig(SERVER, pki / "ca.crt", ADMIN_TOKEN))
+    (STATE / "admin.kubeconfig").write_text(kubeconfig(server, pki / "ca.crt", ADMIN_TOKEN))
     admin = str(STATE / "admin.kubeconfig")
 
     def start(name: str, *cmd: str) -> None:
@@ -246,10 +276,11 @@ def _control_plane(holder: int, st: dict[str, Any]) -> None:
         "kube-apiserver",
         str(CP_BIN / "kube-apiserver"),
         "--etcd-servers=http://127.0.0.1:2379",
-        "--bind-address=0.0.0.0",
-        f"--advertise-address={LAN_IP}",
+        # An IPv6 wildcard takes both families (bindv6only is 0 in the lan namespace).
+        "--bind-address=" + ("::" if any(s.ipv6 for s in stacks) else "0.0.0.0"),
+        f"--advertise-address={stacks[0].lan_ip}",
         "--secure-port=6443",
-        *apiserver_security(pki, STATE / "tokens.csv"),
+        *apiserver_security(pki, STATE / "tokens.csv", families.joined(fam, "service_cidr")),
         "--authorization-mode=Node,RBAC",
         "--enable-admission-plugins=NodeRestriction",
         "--kubelet-preferred-address-types=InternalIP",
@@ -268,7 +299,8 @@ def _control_plane(holder: int, st: dict[str, Any]) -> None:
         "--leader-elect=false",
         f"--service-account-private-key-file={pki / 'sa.key'}",
         f"--root-ca-file={pki / 'ca.crt'}",
-        f"--cluster-cidr={CLUSTER_CIDR}",
+        f"--cluster-cidr={families.joined(fam, 'cluster_cidr')}",
+        f"--service-cluster-ip-range={families.joined(fam, 'service_cidr')}",
         "--bind-address=127.0.0.1",
         "--v=1",
     )
@@ -281,6 +313,28 @@ def _control_plane(holder: int, st: dict[str, Any]) -> None:
         "--leader-elect=false",
         "--bind-address=127.0.0.1",
         "--v=1",
+    )
+
+
+def ensure_dns() -> None:
+    """CoreDNS (manifests/coredns.yaml) as the kube-dns Service at the cluster DNS's address
+    of each family (dual-stack: both, the primary's first, which the kubelets give pods)."""
+    docs = list(yaml.safe_load_all((HERE / "manifests" / "coredns.yaml").read_text()))
+    stacks = families.stacks(family())
+    for d in docs:
+        if d["kind"] == "Service":
+            d["spec"]["clusterIP"] = stacks[0].dns_ip
+            d["spec"]["clusterIPs"] = [s.dns_ip for s in stacks]
+            d["spec"]["ipFamilyPolicy"] = "RequireDualStack" if len(stacks) > 1 else "SingleStack"
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
+    kubectl(
+        "rollout",
+        "status",
+        "deployment/coredns",
+        "-n",
+        "kube-system",
+        "--timeout=180s",
+        timeout=200,
     )
 
 
@@ -309,13 +363,14 @@ def _pyproxy_kustomization(mode: str) -> Path:
     cm = yaml.safe_load((ROOT / "deploy" / "base" / "configmap.yaml").read_text())
     config = yaml.safe_load(cm["data"]["config.yaml"])
     config["mode"] = mode
+    config["clusterCIDR"] = families.joined(family(), "cluster_cidr")
     env = [
         {
             "op": "add",
             "path": "/spec/template/spec/containers/0/env/-",
             "value": {"name": k, "value": v},
         }
-        for k, v in (("KUBERNETES_SERVICE_HOST", LAN_IP), ("KUBERNETES_SERVICE_PORT", "6443"))
+        for k, v in (("KUBERNETES_SERVICE_HOST", lan_ip()), ("KUBERNETES_SERVICE_PORT", "6443"))
     ]
     kust = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
@@ -404,7 +459,12 @@ def cleanup_ebpf(node: str) -> None:
 
 def _kube_proxy_manifest(mode: str) -> str:
     text = (HERE / "manifests" / "kube-proxy.yaml").read_text()
-    return text.replace("${MODE}", mode).replace("${SERVER}", SERVER)
+    fam = family()
+    return (
+        text.replace("${MODE}", mode)
+        .replace("${SERVER}", families.server(fam))
+        .replace("${CLUSTER_CIDR}", families.joined(fam, "cluster_cidr"))
+    )
 
 
 def proxy_pods(proxy: str) -> dict[str, dict[str, Any]]:
@@ -494,10 +554,12 @@ def main(argv: list[str]) -> int:
         else:
             p.add_argument("--proxy", choices=PROXIES, default="pyproxy")
         p.add_argument("--mode", choices=MODES, default="iptables")
+        if name == "up":
+            p.add_argument("--family", choices=list(families.FAMILIES), default="ipv4")
     sub.add_parser("down")
     a = ap.parse_args(argv)
     if a.cmd == "up":
-        up(a.proxy, a.mode)
+        up(a.proxy, a.mode, a.family)
     elif a.cmd == "proxy":
         if not running():
             raise SystemExit("no real cluster is up (python -m tests.cluster.real up)")

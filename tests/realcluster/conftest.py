@@ -11,6 +11,10 @@ import pytest
 
 from tests.cluster import host, real
 
+# Dual-stack by default: every check of the smoke test runs in both families (IPv4 primary);
+# PYPROXY_REAL_FAMILY=ipv4 or ipv6 brings up a single-family cluster instead.
+FAMILY = os.environ.get("PYPROXY_REAL_FAMILY", "dual")
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     reason = None
@@ -28,7 +32,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[dict[str, str]]:
     before = host.machine_facts()
-    real.up("pyproxy", "iptables")
+    real.up("pyproxy", "iptables", FAMILY)
     try:
         yield before
     finally:

@@ -27,13 +27,16 @@ def pod(
 
 
 def nodeport(name: str, app: str) -> dict[str, Any]:
-    """A NodePort Service (port 80 to 8080) for the pods labelled app=``app``."""
+    """A NodePort Service (port 80 to 8080) for the pods labelled app=``app``, in every IP
+    family the cluster has."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": name, "namespace": "default"},
         "spec": {
             "type": "NodePort",
+            # Both families where the cluster has both; one where it has one.
+            "ipFamilyPolicy": "PreferDualStack",
             "selector": {"app": app},
             "ports": [{"port": 80, "targetPort": 8080, "protocol": "TCP"}],
         },

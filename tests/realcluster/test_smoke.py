@@ -3,7 +3,9 @@ DaemonSet (deploy/, pyproxy's own image, pulled from nowhere) runs one pod per n
 iptables, nftables and ebpf mode a pod on node-a reaches a ClusterIP whose only endpoint is a
 pod on node-b (in ebpf mode connected to the pod at its socket: no flow to the ClusterIP in
 node-a's conntrack), and node-a's namespace reaches that Service's NodePort on both nodes'
-addresses.
+addresses. The Service asks for both families (PreferDualStack): in the dual-stack cluster
+``make real-smoke`` brings up, each check runs over IPv4 and over IPv6 (the Service's two
+ClusterIPs, each node's two addresses), and the test fails if the Service got only one.
 (test_teardown.py checks that ``down`` leaves the machine as it was.)"""
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster import host, real
+from tests.cluster import family, host, real
 from tests.realcluster import kernel, objects
 
 
@@ -42,7 +44,13 @@ def service(cluster: dict[str, str]) -> dict[str, Any]:
         "the EndpointSlice of smoke",
         60,
     )
-    return {"clusterIP": svc["spec"]["clusterIP"], "nodePort": svc["spec"]["ports"][0]["nodePort"]}
+    want = len(family.stacks(real.family()))
+    assert len(svc["spec"]["clusterIPs"]) == want, svc["spec"]
+    return {
+        "clusterIP": svc["spec"]["clusterIP"],
+        "clusterIPs": svc["spec"]["clusterIPs"],
+        "nodePort": svc["spec"]["ports"][0]["nodePort"],
+    }
 
 
 def test_nodes_ready_and_pyproxy_on_every_node(cluster: dict[str, str]) -> None:
@@ -81,18 +89,21 @@ def test_pod_to_clusterip_and_node_to_nodeport_across_nodes(
     # mode's own objects, and no other mode's, in both nodes' kernels, then send traffic.
     for node in ("node-a", "node-b"):
         real.wait(lambda node=node: kernel.serves_in(node, mode), f"{node} in {mode} mode", 60)
-    cip, np = service["clusterIP"], service["nodePort"]
+    np = service["nodePort"]
     # netexec's /hostname answers the pod's name: the whole answer must be "server".
-    real.wait(
-        lambda: _http("pod/client", f"http://{cip}:80/hostname") == "server",
-        f"{mode}: client -> {cip}:80",
-        90,
-    )
+    for cip in service["clusterIPs"]:
+        url = f"http://{family.url_host(cip)}:80/hostname"
+        real.wait(
+            lambda url=url: _http("pod/client", url) == "server", f"{mode}: client -> {url}", 90
+        )
     if mode == "ebpf":
-        _balanced_at_the_socket(cip)
-    for node in real.nodes():
-        url = f"http://{node.address}:{np}/hostname"
-        real.wait(lambda url=url: _http("node-a", url) == "server", f"{mode}: node-a -> {url}", 60)
+        _balanced_at_the_socket(service["clusterIP"])
+    for n in real.nodes():
+        for address in n.addresses:
+            url = f"http://{family.url_host(address)}:{np}/hostname"
+            real.wait(
+                lambda url=url: _http("node-a", url) == "server", f"{mode}: node-a -> {url}", 60
+            )
 
 
 def _balanced_at_the_socket(cip: str) -> None:
