@@ -3,7 +3,8 @@ tests with the skip of upstream's kind job for the mode and the IP family, once 
 kube-proxy and once with pyproxy, on the real cluster brought up in that family.
 
     python -m tests.cluster.network_e2e --family ipv4|ipv6|dual [--runs kube-proxy:nftables,...]
-                                        [--out DIR] [--procs N] [--list]
+                                        [--out DIR] [--procs N] [--focus REGEX] [--list]
+                                        [--disruptive]
 
 The jobs (kubernetes/test-infra ``config/jobs/kubernetes/sig-network/sig-network-kind.yaml``,
 kind's ``hack/ci/e2e-k8s.sh``) focus ``\\[sig-network\\]|\\[Conformance\\]``; the other
@@ -137,6 +138,7 @@ def main(argv: list[str]) -> int:
     )
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--procs", type=int, default=4)
+    ap.add_argument("--focus", default=FOCUS, help="a narrower selection (a test's name: one test)")
     ap.add_argument("--list", action="store_true", help="print each mode's selection and stop")
     ap.add_argument(
         "--disruptive",
@@ -169,7 +171,7 @@ def main(argv: list[str]) -> int:
         "network-e2e",
         runs,
         a.family,
-        FOCUS,
+        a.focus,
         lambda mode: skip_for(mode, a.family),
         out,
         a.procs,

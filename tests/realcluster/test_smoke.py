@@ -30,18 +30,20 @@ def service(cluster: dict[str, str]) -> dict[str, Any]:
     server = real.get("pod", "server")
     assert server["spec"]["nodeName"] == "node-b"
 
-    # The EndpointSlice names exactly the server pod, ready.
+    # The EndpointSlices (one per family) name exactly the server pod, ready.
     def endpoints() -> list[tuple[list[str], bool]]:
         slices = real.get("endpointslices", "-l", "kubernetes.io/service-name=smoke")["items"]
-        return [
+        return sorted(
             (e["addresses"], e["conditions"].get("ready"))
             for s in slices
             for e in s.get("endpoints") or []
-        ]
+        )
 
+    pod_ips = [ip["ip"] for ip in server["status"]["podIPs"]]
+    assert len(pod_ips) == len(family.stacks(real.family())), pod_ips
     real.wait(
-        lambda: endpoints() == [([server["status"]["podIP"]], True)],
-        "the EndpointSlice of smoke",
+        lambda: endpoints() == sorted(([ip], True) for ip in pod_ips),
+        "the EndpointSlices of smoke",
         60,
     )
     want = len(family.stacks(real.family()))
