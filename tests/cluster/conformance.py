@@ -124,8 +124,10 @@ def results(
     out: dict[str, dict[str, str]] = {}
     for tc in ET.parse(junit).getroot().iter("testcase"):
         name = re.sub(r"^\[It\] ", "", tc.get("name", ""))
-        if reasons and name in reasons:
-            out[name] = {"status": "skipped", "reason": reasons[name]}
+        # The report appends the spec's labels ("[sig-network, Conformance]") to its text.
+        text = re.sub(r" \[[^]]*\]$", "", name)
+        if reasons and text in reasons:
+            out[name] = {"status": "skipped", "reason": reasons[text]}
             continue
         if not want.search(name) or unwanted.search(name):
             continue
@@ -184,11 +186,12 @@ def run_all(
     skip_of: Callable[[str], str],
     out: Path,
     procs: int,
-    reasons: dict[str, str] | None = None,
+    reasons_of: Callable[[str], dict[str, str]] | None = None,
     suffix: str = "",
 ) -> dict[str, dict[str, dict[str, str]]]:
     """Each (proxy, mode) of ``runs`` on one cluster of family ``fam`` (brought up, or reused
-    if up), the tests ``focus`` selects less ``skip_of(mode)``; writes the summaries and prints
+    if up), the tests ``focus`` selects less ``skip_of(mode)`` (``reasons_of(mode)``: the
+    tests skipped by name, with why); writes the summaries and prints
     ``<label> <proxy> <mode><suffix>: N passed, N failed, N skipped`` per run, and all of them
     again at the end."""
     for proxy, mode in runs:
@@ -210,6 +213,7 @@ def run_all(
         t0 = time.monotonic()
         junit = run_e2e(name.replace(":", "-"), out, procs, focus, skip_of(mode))
         durations[name] = time.monotonic() - t0
+        reasons = reasons_of(mode) if reasons_of else None
         all_results[name] = results(junit, focus, skip_of(mode), reasons)
         summarize(all_results, durations, out)
         lines[name] = f"{label} {proxy} {mode}{suffix}: {line_for(name, all_results[name])}"

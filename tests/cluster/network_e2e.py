@@ -13,10 +13,10 @@ that runs its tests in parallel has ``\\[Serial\\]|`` put before its skip by the
 others run Serial tests too (ginkgo runs them last, one at a time). ebpf mode takes the
 nftables job's selection (its Service rules are nftables mode's).
 
-On top of the job's skip, ``NEVER_HERE`` skips by exact name each test that would reach
-outside this machine (the internet, a public name server), and ``CANNOT_HERE`` each test
-this cluster cannot serve for either proxy, each with its reason; both are listed in every
-summary as skipped with that reason.
+On top of the job's skip, ``network_e2e_skips.NEVER_HERE`` skips by exact name each test that
+would reach outside this machine (the internet), and ``CANNOT_HERE`` each test this cluster
+cannot serve for either proxy, each with its reason; both are listed in every summary as
+skipped with that reason.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from pathlib import Path
 
 from tests.cluster import conformance, real
 from tests.cluster.family import FAMILIES
+from tests.cluster.network_e2e_skips import CANNOT_HERE, NEVER_HERE
 
 FOCUS = r"\[sig-network\]"
 _JOB_SKIP = {
@@ -77,11 +78,6 @@ DISRUPTIVE = (
     r"\[sig-network\] Services should work after restarting kube-proxy"
     r"|\[sig-network\] Services should work after restarting apiserver"
 )
-# Tests of the jobs' selections that would send packets or names outside this machine: never
-# run here, whatever the job does (exact names, from a dry run of e2e.test v1.36.3).
-NEVER_HERE: dict[str, str] = {}
-# Tests neither proxy can pass in this cluster, with the reason (exact names).
-CANNOT_HERE: dict[str, str] = {}
 
 
 def job(mode: str, fam: str) -> tuple[str, str, bool]:
@@ -94,12 +90,18 @@ def _exact(name: str) -> str:
     return re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", name)
 
 
+def named(mode: str, fam: str) -> dict[str, str]:
+    """The tests a run skips by name, with the reason: those the job's own skip leaves in."""
+    _, skip, _ = job(mode, fam)
+    return {n: why for n, why in {**NEVER_HERE, **CANNOT_HERE}.items() if not re.search(skip, n)}
+
+
 def skip_for(mode: str, fam: str) -> str:
     """The ginkgo skip of a run: the job's, Serial before it if the job runs in parallel, and
     the tests skipped here by name."""
     _, skip, parallel = job(mode, fam)
-    named = [_exact(n) for n in (*NEVER_HERE, *CANNOT_HERE)]
-    return "|".join([*([r"\[Serial\]"] if parallel else []), skip, *named])
+    exact = [_exact(n) for n in named(mode, fam)]
+    return "|".join([*([r"\[Serial\]"] if parallel else []), skip, *exact])
 
 
 def listed(mode: str, fam: str) -> list[str]:
@@ -175,7 +177,7 @@ def main(argv: list[str]) -> int:
         lambda mode: skip_for(mode, a.family),
         out,
         a.procs,
-        {**NEVER_HERE, **CANNOT_HERE},
+        lambda mode: named(mode, a.family),
         suffix=f" {a.family}",
     )
     return 0
