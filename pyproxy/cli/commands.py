@@ -201,6 +201,13 @@ def load_manifest_state(directory: Path, node: str) -> ProxyState:
     help="At most this many service ports in those metrics (the first in name order).",
 )
 @_opt("healthz_bind_address", help="host:port for /healthz and /livez; empty disables it.")
+@_opt("conntrack_max_per_core", type=int, help="Conntrack entries per CPU (0: leave the size).")
+@_opt("conntrack_min", type=int, help="The least conntrack table size maxPerCore sets.")
+@_opt("conntrack_tcp_timeout_established", help="Idle established TCP timeout (0: leave it).")
+@_opt("conntrack_tcp_timeout_close_wait", help="TCP CLOSE_WAIT timeout (0: leave it).")
+@_bool_opt("conntrack_tcp_be_liberal", help="Let conntrack accept out-of-window TCP packets.")
+@_opt("conntrack_udp_timeout", help="UDP timeout (0: leave it).")
+@_opt("conntrack_udp_timeout_stream", help="UDP stream timeout (0: leave it).")
 @click.option("--v", "verbosity", type=int, default=None, help="klog-style verbosity (4+ = debug).")
 @_opt("log_level", type=click.Choice(LOG_LEVELS), show_default=True, help="Log level.")
 @_opt("log_format", type=click.Choice(LOG_FORMATS), show_default=True, help="Log format.")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import faulthandler
 import ipaddress
 import logging
+import os
 import signal
 import sys
 import threading
@@ -21,10 +22,11 @@ from typing import Any, TypeVar
 from prometheus_client import CollectorRegistry
 
 from pyproxy.backends import registry
-from pyproxy.backends.base import Backend
+from pyproxy.backends.base import Backend, BackendError
 from pyproxy.cli import memory
 from pyproxy.cli.walk import walk_of, with_local_addresses
 from pyproxy.config.settings import ProxyConfig
+from pyproxy.kernel import sysctl
 from pyproxy.model.events import Event
 from pyproxy.model.types import NamespacedName, ProxyState
 from pyproxy.serving.debug import DebugView
@@ -259,6 +261,18 @@ class Daemon:
                 if n:
                     log.info("removed %d objects %s mode left", n, m.name)
 
+    def set_conntrack(self) -> None:
+        """The node's conntrack settings, as upstream's platformSetup writes them before its
+        proxier starts; one that cannot be written ends the start with one line (a read-only
+        /proc/sys stays read-only: deploy/base sets them to 0, leaving the node's)."""
+        ct = self.cfg.conntrack
+        size = ct.table_size(os.cpu_count() or 1)
+        why = sysctl.ensure_conntrack_max(size) if size else ""
+        for name, value in ct.timeouts():
+            why = why or sysctl.ensure(name, str(value))  # the first failure ends it
+        if why:
+            raise BackendError(f"could not set conntrack parameters: {why}")
+
     def shutdown(self, *_: object) -> None:
         self.stop.set()
         self.runner.wake()
@@ -283,6 +297,8 @@ class Daemon:
             self.cfg.node_name,
             self.cfg.source.manifests or "apiserver",
         )
+        if self.leftovers_pending:  # this kernel's, not a test's stand-in backend
+            self.set_conntrack()
         self.backend.prepare()  # a mode that cannot work here ends the process now
         self.health.updated()  # as upstream: healthy while starting up
         self.start_servers()

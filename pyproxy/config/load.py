@@ -26,6 +26,7 @@ from pyproxy.config.settings import (
     IPTABLES_BACKENDS,
     LOG_FORMATS,
     LOG_LEVELS,
+    Conntrack,
     DetectLocalMode,
     Masquerade,
     ProxyConfig,
@@ -128,6 +129,13 @@ def masquerade_bit(value: Any) -> int:
     if not 0 <= bit <= 31:
         raise ValueError("must be within 0-31")
     return bit
+
+
+def non_negative(value: Any) -> int:
+    n = _integer(value)
+    if n < 0:
+        raise ValueError("must not be negative")
+    return n
 
 
 def series_cap(value: Any) -> int:
@@ -284,6 +292,46 @@ SETTINGS: tuple[Setting, ...] = (
         "healthzBindAddress",
         "0.0.0.0:10256",
         bind_address,
+    ),
+    Setting(
+        "conntrack_max_per_core",
+        "--conntrack-max-per-core",
+        "conntrack.maxPerCore",
+        32768,
+        non_negative,
+        "Conntrack entries per CPU (0: leave the table's size alone).",
+    ),
+    Setting("conntrack_min", "--conntrack-min", "conntrack.min", 131072, non_negative),
+    Setting(
+        "conntrack_tcp_timeout_established",
+        "--conntrack-tcp-timeout-established",
+        "conntrack.tcpEstablishedTimeout",
+        "24h0m0s",
+        duration,
+    ),
+    Setting(
+        "conntrack_tcp_timeout_close_wait",
+        "--conntrack-tcp-timeout-close-wait",
+        "conntrack.tcpCloseWaitTimeout",
+        "1h0m0s",
+        duration,
+    ),
+    Setting(
+        "conntrack_tcp_be_liberal",
+        "--conntrack-tcp-be-liberal",
+        "conntrack.tcpBeLiberal",
+        False,
+        boolean,
+    ),
+    Setting(
+        "conntrack_udp_timeout", "--conntrack-udp-timeout", "conntrack.udpTimeout", "0s", duration
+    ),
+    Setting(
+        "conntrack_udp_timeout_stream",
+        "--conntrack-udp-timeout-stream",
+        "conntrack.udpStreamTimeout",
+        "0s",
+        duration,
     ),
     Setting("iptables_backend", "--iptables-backend", None, "auto", choice(*IPTABLES_BACKENDS)),
     Setting("service_metrics", "--service-metrics", None, False, boolean),
@@ -442,6 +490,15 @@ def _build(
         service_metrics_max_series=v["service_metrics_max_series"],
         log_level=v["log_level"],
         log_format=v["log_format"],
+        conntrack=Conntrack(
+            max_per_core=v["conntrack_max_per_core"],
+            min=v["conntrack_min"],
+            tcp_established_timeout=v["conntrack_tcp_timeout_established"],
+            tcp_close_wait_timeout=v["conntrack_tcp_timeout_close_wait"],
+            tcp_be_liberal=v["conntrack_tcp_be_liberal"],
+            udp_timeout=v["conntrack_udp_timeout"],
+            udp_stream_timeout=v["conntrack_udp_timeout_stream"],
+        ),
     )
 
 

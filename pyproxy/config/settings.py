@@ -39,6 +39,51 @@ class Masquerade:
 
 
 @dataclass(frozen=True)
+class Conntrack:
+    """The node's conntrack settings kube-proxy writes at start (its ``conntrack`` section,
+    upstream's defaults): a table of ``max_per_core`` x CPUs entries, at least ``min`` (0:
+    leave the table's size alone, which a node in a network namespace of its own must, since
+    only the machine's first namespace may write it), and the timeouts of established and
+    CLOSE_WAIT TCP flows and of UDP flows (0: leave the kernel's). Upstream's e2e "KubeProxy
+    should set TCP CLOSE_WAIT timeout" expects the hour."""
+
+    max_per_core: int = 32768
+    min: int = 131072
+    tcp_established_timeout: float = 86400.0
+    tcp_close_wait_timeout: float = 3600.0
+    tcp_be_liberal: bool = False
+    udp_timeout: float = 0.0
+    udp_stream_timeout: float = 0.0
+
+    def table_size(self, cpus: int) -> int:
+        """nf_conntrack_max to write (0: none), as upstream's getConntrackMax: the scaled
+        size, capped at 1,048,576, or ``min`` if that is larger."""
+        if self.max_per_core <= 0:
+            return 0
+        scaled = self.max_per_core * cpus
+        return 1048576 if scaled > 1048576 else max(scaled, self.min)
+
+    def timeouts(self) -> list[tuple[str, int]]:
+        """The per-namespace sysctls to write, in upstream's order (unset ones left out)."""
+        out = []
+        for name, seconds in (
+            ("nf_conntrack_tcp_timeout_established", self.tcp_established_timeout),
+            ("nf_conntrack_tcp_timeout_close_wait", self.tcp_close_wait_timeout),
+        ):
+            if seconds > 0:
+                out.append((name, int(seconds)))
+        if self.tcp_be_liberal:
+            out.append(("nf_conntrack_tcp_be_liberal", 1))
+        for name, seconds in (
+            ("nf_conntrack_udp_timeout", self.udp_timeout),
+            ("nf_conntrack_udp_timeout_stream", self.udp_stream_timeout),
+        ):
+            if seconds > 0:
+                out.append((name, int(seconds)))
+        return [(f"net.netfilter.{n}", v) for n, v in out]
+
+
+@dataclass(frozen=True)
 class Source:
     """Where objects come from: a manifests directory, or an API server."""
 
@@ -71,6 +116,7 @@ class ProxyConfig:
     service_metrics_max_series: int = 1000
     log_level: str = "info"
     log_format: str = "text"
+    conntrack: Conntrack = field(default_factory=Conntrack)
 
     def option(self, name: str, default: Any = None) -> Any:
         """A mode's own setting, as parsed (``default`` when not given)."""

@@ -29,3 +29,27 @@ def ensure(name: str, value: str) -> str:
         return f"cannot set sysctl {name}={value}: {err.strerror or err}"
     log.info("set sysctl %s=%s", name, value)
     return ""
+
+
+HASHSIZE = Path("/sys/module/nf_conntrack/parameters/hashsize")
+
+
+def ensure_conntrack_max(size: int) -> str:
+    """nf_conntrack_max at ``size``, and conntrack's hash table at a quarter of it where it is
+    smaller, as upstream's SetMax; returns why not ("" when set). Only the machine's first
+    network namespace may write the size: elsewhere the kernel refuses it."""
+    why = ensure("net.netfilter.nf_conntrack_max", str(size))
+    if why:
+        return why
+    try:
+        buckets = int(HASHSIZE.read_text())
+    except (OSError, ValueError) as err:
+        return f"cannot read {HASHSIZE}: {err}"
+    if buckets >= size // 4:
+        return ""
+    try:
+        HASHSIZE.write_text(str(size // 4))
+    except OSError as err:
+        return f"cannot set {HASHSIZE} to {size // 4}: {err.strerror or err}"
+    log.info("set conntrack hashsize %d", size // 4)
+    return ""

@@ -144,7 +144,9 @@ class Run:
             sockets = self.world.sockets.flags() if self.world.sockets else []
             return [PYPROXY, f"--mode={self.mode}", f"--kubeconfig={cfg}",
                     "--hostname-override=node-a", f"--cluster-cidr={CLUSTER_CIDR}",
-                    *sockets]  # fmt: skip
+                    # The same conntrack flags as upstream's below.
+                    "--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0",
+                    "--conntrack-tcp-timeout-close-wait=0", *sockets]  # fmt: skip
         cfg = self.dir / "kp.kubeconfig"
         cfg.write_text(kubeconfig(server, cluster.ca, KUBE_PROXY_TOKEN))
         kube_proxy = binary("kube-proxy")

@@ -67,7 +67,8 @@ def measure(n: int) -> dict[str, float]:
         write_file(man, k, n, {})
     proc = subprocess.Popen(
         ["ip", "netns", "exec", NS, PYPROXY, "--mode=ipvs", "--manifests", str(man),
-         "--hostname-override", "node-a", "--cluster-cidr", "10.128.0.0/9"],
+         "--hostname-override", "node-a", "--cluster-cidr", "10.128.0.0/9",
+         "--conntrack-max-per-core=0"],
         stdout=log.open("w"), stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:

@@ -78,7 +78,9 @@ class Proxy:
             sockets = self.sockets.flags() if self.sockets else []
             return [PYPROXY, f"--mode={self.proxy_mode}", f"--kubeconfig={config}",
                     "--hostname-override=node-a", f"--cluster-cidr={CLUSTER_CIDR}",
-                    *legacy, *sockets]  # fmt: skip
+                    # The same conntrack flags as upstream's below.
+                    "--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0",
+                    "--conntrack-tcp-timeout-close-wait=0", *legacy, *sockets]  # fmt: skip
         kube_proxy = binary("kube-proxy")
         assert kube_proxy is not None, "upstream kube-proxy is not built: make e2e"
         return [str(kube_proxy), f"--proxy-mode={self.proxy_mode}", f"--kubeconfig={config}",

@@ -5,7 +5,8 @@
 #
 #   build.sh                 control plane: etcd, kube-apiserver, kube-controller-manager, kube-proxy
 #   build.sh node            + what a real cluster runs: kubelet, kube-scheduler, kubectl,
-#                            containerd (containerd, its runc shim, ctr), CoreDNS, agnhost, pause
+#                            containerd (containerd, its runc shim, ctr), CoreDNS, agnhost, pause,
+#                            regression-issue-74839
 #   build.sh conformance     + e2e.test and the ginkgo runner
 #
 # Users who already have the control-plane binaries set PYPROXY_KUBE_APISERVER,
@@ -95,6 +96,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
 	_ "k8s.io/kubernetes/test/images/agnhost"
+	_ "k8s.io/kubernetes/test/images/regression-issue-74839"
 	_ "k8s.io/kubernetes/test/e2e"
 	_ "k8s.io/kubernetes/test/e2e/network"
 	_ "k8s.io/kubernetes/test/e2e/common/network"
@@ -123,6 +125,9 @@ for cmd in kubelet kube-scheduler kubectl; do
 done
 compile "$B" "$NODE_OUT/agnhost" k8s.io/kubernetes/test/images/agnhost \
   -ldflags "-s -w -X main.Version=$AGNHOST_VERSION"
+# The invalid-conntrack-state test's server (sends an out-of-window packet on each connection).
+compile "$B" "$NODE_OUT/regression-issue-74839" k8s.io/kubernetes/test/images/regression-issue-74839 \
+  -ldflags "-s -w"
 if [ ! -x "$NODE_OUT/pause" ]; then
   # The pause binary from the same release, built with upstream's flags (build/pause/Makefile).
   K=$(cd "$B" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)

@@ -188,6 +188,7 @@ def run_all(
     procs: int,
     reasons_of: Callable[[str], dict[str, str]] | None = None,
     suffix: str = "",
+    privileged: bool = False,
 ) -> dict[str, dict[str, dict[str, str]]]:
     """Each (proxy, mode) of ``runs`` on one cluster of family ``fam`` (brought up, or reused
     if up), the tests ``focus`` selects less ``skip_of(mode)`` (``reasons_of(mode)``: the
@@ -209,7 +210,7 @@ def run_all(
     lines = {}
     for proxy, mode in runs:
         name = f"{proxy}:{mode}"
-        real.use_proxy(proxy, mode)
+        real.use_proxy(proxy, mode, privileged)
         t0 = time.monotonic()
         junit = run_e2e(name.replace(":", "-"), out, procs, focus, skip_of(mode))
         durations[name] = time.monotonic() - t0

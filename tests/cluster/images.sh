@@ -6,7 +6,8 @@
 #   registry.k8s.io/kube-proxy:v1.36.3                upstream kube-proxy on pyproxy's image
 #   docker.io/library/pyproxy:0.1.0                   pyproxy's image (make image)
 #   registry.k8s.io/coredns/coredns:v1.14.2           CoreDNS (also /coredns in agnhost)
-#   registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0, nginx:1.15-4, busybox:1.37.0-1
+#   registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0, nginx:1.15-4, busybox:1.37.0-1,
+#     regression-issue-74839:1.4, registry.k8s.io/build-image/distroless-iptables:v0.9.6
 #                                                     the other images the [sig-network] tests run
 # Needs tests/cluster/build.sh node first; builds pyproxy's image if missing.
 set -euo pipefail
@@ -69,6 +70,13 @@ if [ ! -f "$OUT/glibc-dns-testing.tar" ] || [ "$(cat "$OUT/glibc-dns-testing.tar
   mv "$OUT/glibc-dns-testing.tar.tmp" "$OUT/glibc-dns-testing.tar"
   cp "$OUT/agnhost.tar.key" "$OUT/glibc-dns-testing.tar.key"
 fi
+image registry.k8s.io/e2e-test-images/regression-issue-74839:1.4 regression-issue-74839.tar \
+  regression-issue-74839.Containerfile \
+  "$(cat "$NODE/regression-issue-74839" images/regression-issue-74839.Containerfile | sha256sum)" \
+  "$NODE/regression-issue-74839"
+image registry.k8s.io/build-image/distroless-iptables:v0.9.6 distroless-iptables.tar \
+  distroless-iptables.Containerfile "$(sha256sum images/distroless-iptables.Containerfile)" \
+  images/distroless-iptables.Containerfile
 image registry.k8s.io/e2e-test-images/nginx:1.15-4 nginx.tar nginx.Containerfile \
   "$(sha256sum images/nginx.Containerfile)" images/nginx.Containerfile
 image registry.k8s.io/e2e-test-images/busybox:1.37.0-1 busybox.tar busybox.Containerfile \

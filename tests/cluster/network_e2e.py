@@ -11,7 +11,8 @@ kind's ``hack/ci/e2e-k8s.sh``) focus ``\\[sig-network\\]|\\[Conformance\\]``; th
 components' ``[Conformance]`` tests are left out here (they do not exercise a proxy). A job
 that runs its tests in parallel has ``\\[Serial\\]|`` put before its skip by the script; the
 others run Serial tests too (ginkgo runs them last, one at a time). ebpf mode takes the
-nftables job's selection (its Service rules are nftables mode's).
+nftables job's selection (its Service rules are nftables mode's). pyproxy runs privileged,
+as kube-proxy does (its conntrack timeouts and localhost NodePorts need it: deploy/privileged).
 
 On top of the job's skip, ``network_e2e_skips.NEVER_HERE`` skips by exact name each test that
 would reach outside this machine (the internet), and ``CANNOT_HERE`` each test this cluster
@@ -167,6 +168,7 @@ def main(argv: list[str]) -> int:
             out,
             1,
             suffix=f" {a.family}",
+            privileged=True,
         )
         return 0
     conformance.run_all(
@@ -179,6 +181,7 @@ def main(argv: list[str]) -> int:
         a.procs,
         lambda mode: named(mode, a.family),
         suffix=f" {a.family}",
+        privileged=True,
     )
     return 0
 

@@ -352,11 +352,14 @@ def nodes_ready() -> bool:
 # ---- the proxy ----------------------------------------------------------------------------
 
 
-def _pyproxy_kustomization(mode: str) -> Path:
+def _pyproxy_kustomization(mode: str, privileged: bool = False) -> Path:
     """deploy/ (deploy/ebpf in ebpf mode) as an operator applies it, with two patches: the API
     server's own address (the proxy cannot reach it through the Service it has not programmed
     yet, so kube-proxy's kubeconfig names it too) and the mode; in ebpf mode a third, this
-    machine's layout (``_ebpf_patch``)."""
+    machine's layout (``_ebpf_patch``). ``privileged``: as kube-proxy runs here (its manifest),
+    a privileged container that sets the node's conntrack timeouts (not the table's size: the
+    node is a namespace of its own) and serves NodePorts on localhost, what deploy/privileged
+    adds, in any mode."""
     d = STATE / "deploy-pyproxy"
     d.mkdir(exist_ok=True)
     variant = ROOT / "deploy" / ("ebpf" if mode == "ebpf" else "")
@@ -364,6 +367,9 @@ def _pyproxy_kustomization(mode: str) -> Path:
     config = yaml.safe_load(cm["data"]["config.yaml"])
     config["mode"] = mode
     config["clusterCIDR"] = families.joined(family(), "cluster_cidr")
+    if privileged:
+        config["conntrack"] = {"maxPerCore": 0}  # kube-proxy.yaml's: upstream's timeouts
+        config.setdefault("iptables", {})["localhostNodePorts"] = True
     env = [
         {
             "op": "add",
@@ -379,6 +385,7 @@ def _pyproxy_kustomization(mode: str) -> Path:
         "patches": [
             {"target": {"kind": "DaemonSet", "name": "pyproxy"}, "patch": json.dumps(env)},
             *([_ebpf_patch()] if mode == "ebpf" else []),
+            *([_privileged_patch()] if privileged else []),
             {
                 "target": {"kind": "ConfigMap", "name": "pyproxy"},
                 "patch": json.dumps(
@@ -395,6 +402,14 @@ def _pyproxy_kustomization(mode: str) -> Path:
     }
     (d / "kustomization.yaml").write_text(yaml.safe_dump(kust, sort_keys=False))
     return d
+
+
+def _privileged_patch() -> dict[str, Any]:
+    sc = {"privileged": True, "allowPrivilegeEscalation": True}
+    ops = [
+        {"op": "replace", "path": "/spec/template/spec/containers/0/securityContext", "value": sc}
+    ]
+    return {"target": {"kind": "DaemonSet", "name": "pyproxy"}, "patch": json.dumps(ops)}
 
 
 def _ebpf_patch() -> dict[str, Any]:
@@ -478,7 +493,7 @@ def proxy_pods(proxy: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-def deploy(proxy: str, mode: str) -> None:
+def deploy(proxy: str, mode: str, privileged: bool = False) -> None:
     name, _ = DAEMONSETS[proxy]
     existed = bool(
         kubectl(
@@ -486,7 +501,7 @@ def deploy(proxy: str, mode: str) -> None:
         ).strip()
     )
     if proxy == "pyproxy":
-        kubectl("apply", "-k", str(_pyproxy_kustomization(mode)))
+        kubectl("apply", "-k", str(_pyproxy_kustomization(mode, privileged)))
     else:
         kubectl("apply", "-f", "-", stdin=_kube_proxy_manifest(mode))
     if existed:  # a changed ConfigMap alone restarts nothing: restart as an operator would
@@ -516,8 +531,9 @@ def remove(proxy: str) -> None:
     )
 
 
-def use_proxy(proxy: str, mode: str) -> None:
-    """The cluster served by ``proxy`` in ``mode``: deploy it, then remove the other."""
+def use_proxy(proxy: str, mode: str, privileged: bool = False) -> None:
+    """The cluster served by ``proxy`` in ``mode``: deploy it, then remove the other.
+    ``privileged``: pyproxy as a privileged pod, as kube-proxy runs (_pyproxy_kustomization)."""
     if not supports(proxy, mode):
         raise ValueError(f"{proxy} has no {mode} mode")
     other = [p for p in PROXIES if p != proxy]
@@ -527,7 +543,7 @@ def use_proxy(proxy: str, mode: str) -> None:
         remove("pyproxy")
         for node in NODE_NAMES:
             cleanup_ebpf(node)
-    deploy(proxy, mode)
+    deploy(proxy, mode, privileged)
     for p in other:
         remove(p)
     st = _state()

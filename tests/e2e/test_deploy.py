@@ -65,8 +65,8 @@ def variant(kube: Kube, name: str) -> dict[str, Any]:
 
 def test_privileged_variant_changes_only_what_it_names(kube: Kube) -> None:
     """deploy/privileged/ patches the DaemonSet (kustomize's strategic merge, done here by the
-    API server with a dry run) to privileged with /lib/modules and localhost NodePorts on; the
-    rest of the base stays."""
+    API server with a dry run) to privileged with /lib/modules, localhost NodePorts on and
+    kube-proxy's conntrack settings; the rest of the base stays."""
     ds = variant(kube, "privileged")
     pod = ds["spec"]["template"]["spec"]
     (c,) = pod["containers"]
@@ -76,7 +76,10 @@ def test_privileged_variant_changes_only_what_it_names(kube: Kube) -> None:
         "add": ["NET_ADMIN", "NET_RAW"],
     }
     assert c["args"] == ["--config=/etc/pyproxy/config.yaml", "--hostname-override=$(NODE_NAME)",
-                         "--iptables-localhost-nodeports=true"]  # fmt: skip
+                         "--iptables-localhost-nodeports=true",
+                         "--conntrack-max-per-core=32768",
+                         "--conntrack-tcp-timeout-established=24h0m0s",
+                         "--conntrack-tcp-timeout-close-wait=1h0m0s"]  # fmt: skip
     assert {"name": "lib-modules", "mountPath": "/lib/modules", "readOnly": True} in c[
         "volumeMounts"
     ]

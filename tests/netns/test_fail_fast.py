@@ -26,7 +26,7 @@ def test_ipvs_mode_without_ipvs_in_the_kernel_exits_at_once(tmp_path: Path) -> N
         t0 = time.monotonic()
         res = subprocess.run(
             ["ip", "netns", "exec", ns, PYPROXY, "--mode=ipvs", "--manifests", str(tmp_path),
-             "--hostname-override", "n", "--metrics-bind-address", "",
+             "--hostname-override", "n", "--metrics-bind-address", "", "--conntrack-max-per-core=0",
              "--healthz-bind-address", ""],
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
@@ -48,7 +48,7 @@ def test_ebpf_mode_without_a_cgroup_v2_directory_exits_at_once(tmp_path: Path) -
         sh("ip", "-n", ns, "link", "set", "lo", "up")
         res = subprocess.run(
             ["ip", "netns", "exec", ns, PYPROXY, "--mode=ebpf", "--manifests", str(tmp_path),
-             "--hostname-override", "n", "--metrics-bind-address", "",
+             "--hostname-override", "n", "--metrics-bind-address", "", "--conntrack-max-per-core=0",
              "--healthz-bind-address", "", "--bpf-cgroup", str(tmp_path),
              "--bpf-pin-dir", str(tmp_path / "pins")],
             capture_output=True, text=True, timeout=60, check=False,

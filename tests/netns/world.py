@@ -386,6 +386,10 @@ class Pyproxy:
             f"{CLUSTER_CIDR},{CLUSTER_CIDR6}",
             "--min-sync-period",
             "0.1s",
+            # Only the machine's first namespace may size the conntrack table: a node in a
+            # namespace of its own leaves it, as kind's kube-proxy does (the timeouts are the
+            # namespace's own and are set).
+            "--conntrack-max-per-core=0",
             # In the node's namespace only: /debug/state is what the tests wait on.
             "--metrics-bind-address",
             f"127.0.0.1:{METRICS_PORT}",

@@ -31,7 +31,10 @@ def build(variant: str) -> dict[str, dict[str, Any]]:
     ("variant", "args", "caps"),
     [
         ("", BASE_ARGS, ["NET_ADMIN", "NET_RAW"]),
-        ("privileged", [*BASE_ARGS, "--iptables-localhost-nodeports=true"],
+        ("privileged", [*BASE_ARGS, "--iptables-localhost-nodeports=true",
+                        "--conntrack-max-per-core=32768",
+                        "--conntrack-tcp-timeout-established=24h0m0s",
+                        "--conntrack-tcp-timeout-close-wait=1h0m0s"],
          ["NET_ADMIN", "NET_RAW"]),
         ("ebpf", [*BASE_ARGS, "--mode=ebpf", "--bpf-cgroup=/run/pyproxy/cgroup2",
                   "--bpf-pin-dir=/sys/fs/bpf/pyproxy"], ["NET_ADMIN", "BPF"]),

@@ -102,13 +102,13 @@ def test_config_file_and_flags_override(tmp_path: Path) -> None:
     cfg.write_text(
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
         "clusterCIDR: 10.244.0.0/16\niptables: {masqueradeAll: true, masqueradeBit: 10}\n"
-        "conntrack: {maxPerCore: 5}\n"
+        "winkernel: {networkName: l2}\n"
     )
     res = run(
         "render", "--config", str(cfg), "--manifests", str(ROOT / "examples"), "--node", "node-a"
     )
     assert res.returncode == 0, res.stderr
-    assert "conntrack.maxPerCore is not supported" in res.stderr
+    assert "winkernel.networkName is not supported" in res.stderr
     assert "-d 10.96.0.10 --dport 80 -j KUBE-MARK-MASQ" in res.stdout  # masqueradeAll from file
     assert "--or-mark 0x400" in res.stdout  # masqueradeBit 10 from the file
     res2 = run(

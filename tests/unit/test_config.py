@@ -84,11 +84,11 @@ def test_nftables_defaults_nodeports_to_primary() -> None:
 def test_unknown_file_field_is_named_in_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = config_file(tmp_path, "conntrack: {maxPerCore: 5}\nbogusField: 1\nipvs: {}\n")
+    path = config_file(tmp_path, "winkernel: {networkName: l2}\nbogusField: 1\nipvs: {}\n")
     with caplog.at_level(logging.WARNING):
         load({"hostname_override": "n"}, path)
     warned = {r.getMessage() for r in caplog.records}
-    assert f"--config {path}: field conntrack.maxPerCore is not supported by pyproxy; ignored" in (
+    assert f"--config {path}: field winkernel.networkName is not supported by pyproxy; ignored" in (
         warned
     )
     assert f"--config {path}: field bogusField is not supported by pyproxy; ignored" in warned
@@ -215,3 +215,25 @@ def test_every_modes_own_settings_reach_any_mode() -> None:
     cfg = load({"hostname_override": "n", "mode": "nftables", "bpf_pin_dir": "/x/pins"})
     assert cfg.option("bpf_pin_dir") == "/x/pins"
     assert load({"hostname_override": "n", "mode": "iptables"}).option("bpf_pin_dir") == ""
+
+
+def test_conntrack_defaults_are_upstreams_and_zero_leaves_each_alone(tmp_path: Path) -> None:
+    """kube-proxy's defaults (v1alpha1 defaults.go): 32768 per CPU, at least 131072, 24 h
+    established, 1 h CLOSE_WAIT; 0 in the file leaves a setting to the node."""
+    ct = load({"hostname_override": "n"}).conntrack
+    assert ct.table_size(2) == 131072 and ct.table_size(8) == 262144
+    assert ct.table_size(64) == 1048576  # capped, as upstream
+    assert ct.timeouts() == [
+        ("net.netfilter.nf_conntrack_tcp_timeout_established", 86400),
+        ("net.netfilter.nf_conntrack_tcp_timeout_close_wait", 3600),
+    ]
+    fields = "maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s, udpTimeout: 30s"
+    path = config_file(tmp_path, f"conntrack: {{{fields}, tcpBeLiberal: true}}\n")
+    ct = load({"hostname_override": "n"}, path).conntrack
+    assert ct.table_size(2) == 0
+    assert ct.timeouts() == [
+        ("net.netfilter.nf_conntrack_tcp_be_liberal", 1),
+        ("net.netfilter.nf_conntrack_udp_timeout", 30),
+    ]
+    flags = {"hostname_override": "n", "conntrack_tcp_timeout_close_wait": "10m"}
+    assert load(flags, path).conntrack.tcp_close_wait_timeout == 600  # a flag over the file
