@@ -142,15 +142,20 @@ for cmd in containerd containerd-shim-runc-v2 ctr; do
   compile "$C" "$NODE_OUT/$cmd" "github.com/containerd/containerd/v2/cmd/$cmd" -ldflags "$CLDF"
 done
 # CoreDNS with only the plugins the Kubernetes 1.36 add-on's Corefile uses
-# (cluster/addons/dns/coredns/coredns.yaml.in): its full plugin set adds about a thousand
-# packages of cloud SDKs to a cold build. Plugins register themselves when imported.
+# (cluster/addons/dns/coredns/coredns.yaml.in) and those of the DNS tests' own servers (`hosts`:
+# dns_common.go's Corefile): its full plugin set adds about a thousand packages of cloud SDKs
+# to a cold build. Plugins register themselves when imported. Another list rebuilds it.
 D="$CACHE/src/coredns-$COREDNS_VERSION"
+PLUGINS="errors health ready kubernetes metrics forward cache loop reload loadbalance log hosts"
+if [ "$(cat "$NODE_OUT/coredns.plugins" 2>/dev/null)" != "$PLUGINS" ]; then
+  rm -f "$NODE_OUT/coredns" "$D/.tidy"
+fi
 if [ ! -x "$NODE_OUT/coredns" ]; then
   if [ ! -f "$D/.tidy" ]; then
     log "coredns $COREDNS_VERSION: resolving modules"
     rm -rf "$D" && mkdir -p "$D"
     { printf 'package main\n\nimport (\n\t"github.com/coredns/coredns/coremain"\n\t_ "github.com/coredns/coredns/core/dnsserver"\n'
-      for p in errors health ready kubernetes metrics forward cache loop reload loadbalance log; do
+      for p in $PLUGINS; do
         printf '\t_ "github.com/coredns/coredns/plugin/%s"\n' "$p"
       done
       printf ')\n\nfunc main() { coremain.Run() }\n'; } > "$D/main.go"
@@ -158,6 +163,7 @@ if [ ! -x "$NODE_OUT/coredns" ]; then
       && go mod tidy 2>&1 | quiet && touch .tidy)
   fi
   compile "$D" "$NODE_OUT/coredns" . -ldflags "-s -w"
+  echo "$PLUGINS" > "$NODE_OUT/coredns.plugins"
 fi
 log "node binaries in $NODE_OUT"
 [ "$want_conformance" = 1 ] || exit 0
