@@ -112,6 +112,11 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, host: str, port: int, handler: type) -> None:
+        # A wildcard ("0.0.0.0" too) takes both families, as Go's listener does for upstream:
+        # its default 0.0.0.0:10256 answers the kubelet's probes to an IPv6 node address, and
+        # so must this one (in an IPv6 cluster the pod was never Ready, and was restarted).
+        self.dual = host in ("", "0.0.0.0", "::") and _has_ipv6()
+        host = "::" if self.dual else host
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         super().__init__((host, port), handler)
 
@@ -119,11 +124,22 @@ class _Server(ThreadingHTTPServer):
         """HTTPServer's own asks getfqdn() of the address, a reverse DNS lookup. On a node
         whose name server is a Service that this proxy has yet to program, that waited for
         the resolver's timeouts: 10 s per server before the first sync in a real cluster."""
+        if self.dual:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         socketserver.TCPServer.server_bind(self)
         self.server_name, self.server_port = (
             str(self.server_address[0]),
             int(self.server_address[1]),
         )
+
+
+def _has_ipv6() -> bool:
+    """Whether this network namespace can open an IPv6 socket (IPv6 may be disabled)."""
+    try:
+        socket.socket(socket.AF_INET6, socket.SOCK_STREAM).close()
+    except OSError:
+        return False
+    return True
 
 
 def serve(host: str, port: int, route: Route, name: str) -> _Server:
