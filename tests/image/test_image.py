@@ -88,7 +88,10 @@ def test_image_programs_a_node(container: str, tmp_path: Path) -> None:
         "--iptables-localhost-nodeports=false",  # as deploy/base/configmap.yaml: no sysctl to write
         "--manifests=/manifests",
         "--hostname-override=node-a",
-        "--conntrack-max-per-core=0",  # the machine's first namespace's alone
+        # As deploy/base/configmap.yaml: /proc/sys is read-only, the node's conntrack stays.
+        "--conntrack-max-per-core=0",
+        "--conntrack-tcp-timeout-established=0",
+        "--conntrack-tcp-timeout-close-wait=0",
         "--cluster-cidr=10.244.0.0/16",
         "--metrics-bind-address=",
         stdout=log,
@@ -163,7 +166,8 @@ def confined(
         *[a for b in binds for a in ("--bind", b)],
         "--bind", f"{manifests}:/manifests", "--bind", f"{lock}:/run/xtables.lock", "--",
         "/opt/pyproxy/bin/pyproxy", "--manifests=/manifests", "--hostname-override=node-a",
-        "--conntrack-max-per-core=0",
+        "--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0",
+        "--conntrack-tcp-timeout-close-wait=0",
         "--cluster-cidr=10.244.0.0/16", "--metrics-bind-address=", *flags,
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
