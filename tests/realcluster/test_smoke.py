@@ -114,6 +114,7 @@ def _balanced_at_the_socket(cip: str) -> None:
     ClusterIP (in the other modes it is the ClusterIP's, translated by a rule)."""
     client = real.get("pod", "client")["status"]["podIP"]
     server = real.get("pod", "server")["status"]["podIP"]
-    kernel.conntrack_delete("node-a", "-p", "tcp", "-s", client)
-    assert _http("pod/client", f"http://{cip}:80/hostname") == "server"
-    assert kernel.conntrack("node-a", "-p", "tcp", "-s", client) == [(server, "8080")]
+    match = ("-f", "ipv6" if ":" in client else "ipv4", "-p", "tcp", "-s", client)
+    kernel.conntrack_delete("node-a", *match)
+    assert _http("pod/client", f"http://{family.url_host(cip)}:80/hostname") == "server"
+    assert kernel.conntrack("node-a", *match) == [(server, "8080")]
