@@ -268,7 +268,7 @@ class Daemon:
         ct = self.cfg.conntrack
         size = ct.table_size(os.cpu_count() or 1)
         why = sysctl.ensure_conntrack_max(size) if size else ""
-        for name, value in ct.timeouts():
+        for name, value in ct.sysctls():
             why = why or sysctl.ensure(name, str(value))  # the first failure ends it
         if why:
             raise BackendError(f"could not set conntrack parameters: {why}")

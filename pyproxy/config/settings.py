@@ -63,7 +63,7 @@ class Conntrack:
         scaled = self.max_per_core * cpus
         return 1048576 if scaled > 1048576 else max(scaled, self.min)
 
-    def timeouts(self) -> list[tuple[str, int]]:
+    def sysctls(self) -> list[tuple[str, int]]:
         """The per-namespace sysctls to write, in upstream's order (unset ones left out)."""
         out = []
         for name, seconds in (

@@ -223,7 +223,7 @@ def test_conntrack_defaults_are_upstreams_and_zero_leaves_each_alone(tmp_path: P
     ct = load({"hostname_override": "n"}).conntrack
     assert ct.table_size(2) == 131072 and ct.table_size(8) == 262144
     assert ct.table_size(64) == 1048576  # capped, as upstream
-    assert ct.timeouts() == [
+    assert ct.sysctls() == [
         ("net.netfilter.nf_conntrack_tcp_timeout_established", 86400),
         ("net.netfilter.nf_conntrack_tcp_timeout_close_wait", 3600),
     ]
@@ -231,7 +231,7 @@ def test_conntrack_defaults_are_upstreams_and_zero_leaves_each_alone(tmp_path: P
     path = config_file(tmp_path, f"conntrack: {{{fields}, tcpBeLiberal: true}}\n")
     ct = load({"hostname_override": "n"}, path).conntrack
     assert ct.table_size(2) == 0
-    assert ct.timeouts() == [
+    assert ct.sysctls() == [
         ("net.netfilter.nf_conntrack_tcp_be_liberal", 1),
         ("net.netfilter.nf_conntrack_udp_timeout", 30),
     ]
