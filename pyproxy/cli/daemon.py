@@ -56,10 +56,11 @@ class Daemon:
     def __init__(self, cfg: ProxyConfig, backend: Backend | None = None) -> None:
         cfg = replace(cfg, mode=registry.get(cfg.mode).name)  # "" is the default mode
         self.cfg = cfg
-        # The other modes' objects go after this mode's first full sync, not before (upstream
-        # removes them first): a node switching modes keeps serving throughout. A test's
-        # stand-in backend must not touch this kernel.
-        self.leftovers_pending = backend is None
+        # A test's stand-in backend must not touch this kernel: no conntrack settings, no
+        # leftovers removed. The other modes' objects go after this mode's first full sync, not
+        # before (upstream removes them first): a node switching modes keeps serving throughout.
+        self.owns_kernel = backend is None
+        self.leftovers_pending = self.owns_kernel
         self.backend = backend or registry.create(cfg)
         self.tracker = ChangeTracker(cfg.node_name)
         self.syncer = Syncer(self.tracker, self.backend)
@@ -297,7 +298,7 @@ class Daemon:
             self.cfg.node_name,
             self.cfg.source.manifests or "apiserver",
         )
-        if self.leftovers_pending:  # this kernel's, not a test's stand-in backend
+        if self.owns_kernel:
             self.set_conntrack()
         self.backend.prepare()  # a mode that cannot work here ends the process now
         self.health.updated()  # as upstream: healthy while starting up

@@ -113,6 +113,11 @@ def progress(fd: int, logf: Any, name: str, t0: float) -> None:
             print(f"  {name}: {done} specs finished, {last - t0:.0f}s", flush=True)
 
 
+def case_name(tc: ET.Element) -> str:
+    """A JUnit test case's test name, without ginkgo's "[It] " node prefix."""
+    return re.sub(r"^\[It\] ", "", tc.get("name", ""))
+
+
 def results(
     junit: Path, focus: str, skip: str = SKIP, reasons: dict[str, str] | None = None
 ) -> dict[str, dict[str, str]]:
@@ -123,11 +128,13 @@ def results(
     unwanted = re.compile(skip)
     out: dict[str, dict[str, str]] = {}
     for tc in ET.parse(junit).getroot().iter("testcase"):
-        name = re.sub(r"^\[It\] ", "", tc.get("name", ""))
+        name = case_name(tc)
+        if not want.search(name):
+            continue
         if reasons and name in reasons:
             out[name] = {"status": "skipped", "reason": reasons[name]}
             continue
-        if not want.search(name) or unwanted.search(name):
+        if unwanted.search(name):
             continue
         failure = tc.find("failure")
         skipped = tc.find("skipped")
@@ -201,8 +208,7 @@ def run_all(
             raise SystemExit(f"missing {real.NODE_BIN / b}: run tests/cluster/build.sh conformance")
     out.mkdir(parents=True, exist_ok=True)
     first_proxy, first_mode = runs[0]
-    real.up(first_proxy, first_mode, fam)
-    real.ensure_dns()
+    real.up(first_proxy, first_mode, fam)  # with CoreDNS
     all_results: dict[str, dict[str, dict[str, str]]] = {}
     durations: dict[str, float] = {}
     lines = {}

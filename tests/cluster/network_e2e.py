@@ -125,7 +125,7 @@ def listed(mode: str, fam: str) -> list[str]:
         )
         cases = ET.parse(report).getroot().iter("testcase")
         return sorted(
-            re.sub(r"^\[It\] ", "", c.get("name", ""))
+            conformance.case_name(c)
             for c in cases
             if c.find("skipped") is None and c.get("status") != "skipped"
         )

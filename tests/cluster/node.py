@@ -34,11 +34,6 @@ class Node:
         """The node's primary address (its first InternalIP)."""
         return self.addresses[0]
 
-    def address_of(self, version: int) -> str:
-        """The node's address in IP version 4 or 6."""
-        (ip,) = [a for a in self.addresses if (":" in a) == (version == 6)]
-        return ip
-
     @property
     def netns(self) -> str:
         return host.PREFIX + self.name
