@@ -10,7 +10,7 @@ DEBS   := iptables ipset conntrack nftables iproute2 ipvsadm user-mode-linux pro
 BPF_OBJS := pyproxy/backends/ebpf/bpf/sock_lb.o
 
 .PHONY: install debs test unit lint e2e bench bench-quick soak demo cluster cluster-down clean \
-        real-build real-cluster real-smoke conformance network-e2e
+        real-build real-cluster real-smoke conformance network-e2e network-e2e-lb
 
 install: debs $(BIN)/pyproxy $(BPF_OBJS)
 
@@ -91,7 +91,7 @@ cluster-down: $(BIN)/pyproxy
 # FAMILY=ipv4 (default), ipv6 or dual; real-smoke brings up a dual-stack cluster.
 FAMILY ?= ipv4
 real-build: $(BIN)/pyproxy
-	tests/cluster/build.sh node
+	tests/cluster/build.sh node metallb
 	tests/cluster/images.sh
 
 real-cluster: real-build
@@ -113,6 +113,12 @@ network-e2e: $(BIN)/pyproxy
 	tests/cluster/build.sh conformance
 	tests/cluster/images.sh
 	$(BIN)/python -m tests.cluster.network_e2e --family $(FAMILY)
+
+# Upstream's LoadBalancer tests, with MetalLB (layer 2) as the cluster's provider.
+network-e2e-lb: $(BIN)/pyproxy
+	tests/cluster/build.sh conformance metallb
+	tests/cluster/images.sh
+	$(BIN)/python -m tests.cluster.network_e2e --family $(FAMILY) --loadbalancer
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(BPF_OBJS)

@@ -8,6 +8,7 @@
 #                            containerd (containerd, its runc shim, ctr), CoreDNS, agnhost, pause,
 #                            regression-issue-74839
 #   build.sh conformance     + e2e.test and the ginkgo runner
+#   build.sh metallb         MetalLB's controller and speaker (the LoadBalancer provider)
 #
 # Users who already have the control-plane binaries set PYPROXY_KUBE_APISERVER,
 # PYPROXY_KUBE_CONTROLLER_MANAGER, PYPROXY_KUBE_PROXY and PYPROXY_ETCD; the control plane is not
@@ -26,12 +27,17 @@ NODE_OUT="$CACHE/node-$K8S_VERSION-containerd-$CONTAINERD_VERSION-coredns-$CORED
 
 log() { printf '[cluster-build %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
-want_node=0; want_conformance=0
+# v0.16.1, not v0.16.2: v0.16.2 needs github.com/metallb/frr-k8s v0.0.27, whose archive the Go
+# module proxy refuses ("403 Forbidden: This module version is not available"), and v0.0.26
+# lacks its API (AsPathPrependPrefixes); v0.16.1's frr-k8s v0.0.25 is served.
+METALLB_VERSION=${METALLB_VERSION:-v0.16.1}
+want_node=0; want_conformance=0; want_metallb=0
 for a in "$@"; do
   case "$a" in
     node) want_node=1 ;;
     conformance) want_node=1; want_conformance=1 ;;
-    *) echo "usage: $0 [node|conformance]" >&2; exit 2 ;;
+    metallb) want_metallb=1 ;;
+    *) echo "usage: $0 [node|conformance|metallb]" >&2; exit 2 ;;
   esac
 done
 
@@ -60,9 +66,27 @@ compile() {  # compile DIR OUTPUT PACKAGE [go build flags...]
   [ -x "$out" ] && return 0
   log "compiling $(basename "$out") (minutes on 2 cores when cold)"
   local start; start=$(date +%s)
-  (cd "$dir" && go build -trimpath "$@" -o "$out.tmp" "$pkg") && mv "$out.tmp" "$out"
+  if ! (cd "$dir" && go build -trimpath "$@" -o "$out.tmp" "$pkg"); then
+    log "compiling $(basename "$out") failed"; exit 1
+  fi
+  mv "$out.tmp" "$out"
   log "$(basename "$out"): done in $(( $(date +%s) - start ))s ($(du -h "$out" | cut -f1))"
 }
+
+# --- MetalLB: a bare-metal cluster's LoadBalancer provider (layer-2 mode needs only these two) ---
+if [ "$want_metallb" = 1 ]; then
+  L="$CACHE/metallb-$METALLB_VERSION"; mkdir -p "$L"
+  Lsrc="$CACHE/src/metallb-$METALLB_VERSION"
+  [ -x "$L/controller" ] && [ -x "$L/speaker" ] \
+    || module "$Lsrc" "go.universe.tf/metallb/controller@$METALLB_VERSION" go.universe.tf/metallb/speaker
+  for cmd in controller speaker; do
+    compile "$Lsrc" "$L/$cmd" "go.universe.tf/metallb/$cmd" -ldflags "-s -w"
+  done
+  # The manifests of the same release (controller, speaker, CRDs, RBAC), for metallb.py.
+  [ -f "$L/metallb-native.yaml" ] || cp "$(cd "$Lsrc" && go list -m -f '{{.Dir}}' go.universe.tf/metallb)/config/manifests/metallb-native.yaml" "$L/"
+  log "MetalLB in $L"
+  [ "$want_node" = 1 ] || exit 0
+fi
 
 # --- etcd ---
 if [ -z "${PYPROXY_ETCD:-}" ] && [ ! -x "$OUT/etcd" ]; then
@@ -172,8 +196,10 @@ log "node binaries in $NODE_OUT"
 if [ ! -x "$NODE_OUT/e2e.test" ]; then
   log "compiling e2e.test (the longest link: several minutes when cold)"
   start=$(date +%s)
-  (cd "$B" && go test -c -trimpath "$TAGS" -ldflags "$LDF" -o "$NODE_OUT/e2e.test.tmp" k8s.io/kubernetes/test/e2e) \
-    && mv "$NODE_OUT/e2e.test.tmp" "$NODE_OUT/e2e.test"
+  if ! (cd "$B" && go test -c -trimpath "$TAGS" -ldflags "$LDF" -o "$NODE_OUT/e2e.test.tmp" k8s.io/kubernetes/test/e2e); then
+    log "compiling e2e.test failed"; exit 1
+  fi
+  mv "$NODE_OUT/e2e.test.tmp" "$NODE_OUT/e2e.test"
   log "e2e.test: done in $(( $(date +%s) - start ))s"
 fi
 # ginkgo's runner, at the version Kubernetes pins, runs e2e.test's specs in parallel processes.

@@ -194,12 +194,14 @@ def run_all(
     reasons_of: Callable[[str], dict[str, str]] | None = None,
     suffix: str = "",
     privileged: bool = False,
+    prepare: Callable[[], None] | None = None,
 ) -> dict[str, dict[str, dict[str, str]]]:
     """Each (proxy, mode) of ``runs`` on one cluster of family ``fam`` (brought up, or reused
     if up), the tests ``focus`` selects less ``skip_of(mode)`` (``reasons_of(mode)``: the
     tests skipped by name, with why); writes the summaries and prints
     ``<label> <proxy> <mode><suffix>: N passed, N failed, N skipped`` per run, and all of them
-    again at the end."""
+    again at the end. ``prepare``: what the tests need in the cluster beyond CoreDNS, made
+    once it is up (MetalLB)."""
     for proxy, mode in runs:
         if not real.supports(proxy, mode):
             raise SystemExit(f"unknown run {proxy}:{mode}")
@@ -209,6 +211,8 @@ def run_all(
     out.mkdir(parents=True, exist_ok=True)
     first_proxy, first_mode = runs[0]
     real.up(first_proxy, first_mode, fam)  # with CoreDNS
+    if prepare:
+        prepare()
     all_results: dict[str, dict[str, dict[str, str]]] = {}
     durations: dict[str, float] = {}
     lines = {}

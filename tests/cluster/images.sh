@@ -9,6 +9,7 @@
 #   registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0, nginx:1.15-4, busybox:1.37.0-1,
 #     regression-issue-74839:1.4, registry.k8s.io/build-image/distroless-iptables:v0.9.6
 #                                                     the other images the [sig-network] tests run
+#   quay.io/metallb/controller:v0.16.1, speaker        MetalLB, when build.sh metallb has built it
 # Needs tests/cluster/build.sh node first; builds pyproxy's image if missing.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -97,4 +98,11 @@ if [ ! -f "$OUT/pyproxy.tar" ] || [ "$(cat "$OUT/pyproxy.tar.key" 2>/dev/null)" 
 fi
 image "registry.k8s.io/coredns/coredns:$COREDNS_VERSION" coredns.tar coredns.Containerfile \
     "$(sha256sum "$NODE/coredns")" "$NODE/coredns"
+METALLB="$CACHE/metallb-${METALLB_VERSION:-v0.16.1}"
+if [ -x "$METALLB/controller" ] && [ -x "$METALLB/speaker" ]; then
+  for c in controller speaker; do
+    image "quay.io/metallb/$c:${METALLB_VERSION:-v0.16.1}" "metallb-$c.tar" "metallb-$c.Containerfile" \
+      "$(cat "$METALLB/$c" "images/metallb-$c.Containerfile" | sha256sum)" "$METALLB/$c"
+  done
+fi
 log "archives in $OUT"

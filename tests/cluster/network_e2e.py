@@ -4,7 +4,7 @@ kube-proxy and once with pyproxy, on the real cluster brought up in that family.
 
     python -m tests.cluster.network_e2e --family ipv4|ipv6|dual [--runs kube-proxy:nftables,...]
                                         [--out DIR] [--procs N] [--focus REGEX] [--list]
-                                        [--disruptive]
+                                        [--disruptive] [--loadbalancer]
 
 The jobs (kubernetes/test-infra ``config/jobs/kubernetes/sig-network/sig-network-kind.yaml``,
 kind's ``hack/ci/e2e-k8s.sh``) focus ``\\[sig-network\\]|\\[Conformance\\]``; the other
@@ -18,6 +18,10 @@ On top of the job's skip, ``network_e2e_skips.NEVER_HERE`` skips by exact name e
 would reach outside this machine (the internet), and ``CANNOT_HERE`` each test this cluster
 cannot serve for either proxy, each with its reason; both are listed in every summary as
 skipped with that reason.
+
+``--loadbalancer`` runs the ``[Feature:LoadBalancer]`` tests every job skips (kind has no
+provider) with MetalLB in layer-2 mode as the provider (``tests/cluster/metallb.py``), as a
+bare-metal cluster has it.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from tests.cluster import conformance, real
+from tests.cluster import conformance, metallb, real
 from tests.cluster.family import FAMILIES
 from tests.cluster.network_e2e_skips import CANNOT_HERE, NEVER_HERE
 
@@ -79,6 +83,11 @@ DISRUPTIVE = (
     r"\[sig-network\] Services should work after restarting kube-proxy"
     r"|\[sig-network\] Services should work after restarting apiserver"
 )
+
+# Upstream's LoadBalancer tests (test/e2e/network/loadbalancer.go): every job above skips
+# them; --loadbalancer runs them with MetalLB as the provider.
+LOADBALANCER = r"\[sig-network\] LoadBalancers"
+LOADBALANCER_SKIP = r"\[Flaky\]|\[Disruptive\]|\[Alpha\]|\[Beta\]"
 
 
 def job(mode: str, fam: str) -> tuple[str, str, bool]:
@@ -148,6 +157,11 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="run upstream's two Disruptive Services tests about the proxy instead",
     )
+    ap.add_argument(
+        "--loadbalancer",
+        action="store_true",
+        help="run upstream's LoadBalancer tests instead, with MetalLB as the provider",
+    )
     a = ap.parse_args(argv)
     runs = [(p, m) for p, _, m in (r.partition(":") for r in a.runs.split(","))]
     if a.list:
@@ -157,6 +171,8 @@ def main(argv: list[str]) -> int:
             print("\n".join(names))
         return 0
     kind = "disruptive" if a.disruptive else a.family
+    if a.loadbalancer:
+        kind = f"loadbalancer-{a.family}"
     out = (a.out or real.ROOT / "build" / "network-e2e" / kind).resolve()
     if a.disruptive:
         conformance.run_all(
@@ -169,6 +185,20 @@ def main(argv: list[str]) -> int:
             1,
             suffix=f" {a.family}",
             privileged=True,
+        )
+        return 0
+    if a.loadbalancer:
+        conformance.run_all(
+            "network-e2e-loadbalancer",
+            runs,
+            a.family,
+            LOADBALANCER,
+            lambda mode: LOADBALANCER_SKIP,
+            out,
+            a.procs,
+            suffix=f" {a.family}",
+            privileged=True,
+            prepare=metallb.install,
         )
         return 0
     conformance.run_all(
