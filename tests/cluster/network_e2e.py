@@ -36,7 +36,7 @@ from pathlib import Path
 
 from tests.cluster import conformance, metallb, real
 from tests.cluster.family import FAMILIES
-from tests.cluster.network_e2e_skips import CANNOT_HERE, NEVER_HERE
+from tests.cluster.network_e2e_skips import CANNOT_HERE, LOADBALANCER_CANNOT, NEVER_HERE
 
 FOCUS = r"\[sig-network\]"
 _JOB_SKIP = {
@@ -84,11 +84,6 @@ DISRUPTIVE = (
     r"|\[sig-network\] Services should work after restarting apiserver"
 )
 
-# Upstream's LoadBalancer tests (test/e2e/network/loadbalancer.go): every job above skips
-# them; --loadbalancer runs them with MetalLB as the provider.
-LOADBALANCER = r"\[sig-network\] LoadBalancers"
-LOADBALANCER_SKIP = r"\[Flaky\]|\[Disruptive\]|\[Alpha\]|\[Beta\]"
-
 
 def job(mode: str, fam: str) -> tuple[str, str, bool]:
     """The upstream job whose selection a run in ``mode`` and ``fam`` takes."""
@@ -98,6 +93,14 @@ def job(mode: str, fam: str) -> tuple[str, str, bool]:
 def _exact(name: str) -> str:
     """A test's name as an RE2 pattern that matches it literally."""
     return re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", name)
+
+
+# Upstream's LoadBalancer tests (test/e2e/network/loadbalancer.go): every job above skips
+# them; --loadbalancer runs them with MetalLB as the provider.
+LOADBALANCER = r"\[sig-network\] LoadBalancers"
+LOADBALANCER_SKIP = "|".join(
+    [r"\[Flaky\]|\[Disruptive\]|\[Alpha\]|\[Beta\]", *map(_exact, LOADBALANCER_CANNOT)]
+)
 
 
 def named(mode: str, fam: str) -> dict[str, str]:
@@ -114,7 +117,7 @@ def skip_for(mode: str, fam: str) -> str:
     return "|".join([*([r"\[Serial\]"] if parallel else []), skip, *exact])
 
 
-def listed(mode: str, fam: str) -> list[str]:
+def listed(focus: str, skip: str) -> list[str]:
     """The tests a run selects, from e2e.test's dry run (its JUnit report: a selected spec
     is reported passed, every other skipped)."""
     with tempfile.TemporaryDirectory() as d:
@@ -124,8 +127,8 @@ def listed(mode: str, fam: str) -> list[str]:
                 str(real.NODE_BIN / "e2e.test"),
                 "--ginkgo.dry-run",
                 "--ginkgo.no-color",
-                f"--ginkgo.focus={FOCUS}",
-                f"--ginkgo.skip={skip_for(mode, fam)}",
+                f"--ginkgo.focus={focus}",
+                f"--ginkgo.skip={skip}",
                 f"--ginkgo.junit-report={report}",
             ],
             capture_output=True,
@@ -136,7 +139,9 @@ def listed(mode: str, fam: str) -> list[str]:
         return sorted(
             conformance.case_name(c)
             for c in cases
-            if c.find("skipped") is None and c.get("status") != "skipped"
+            if c.find("skipped") is None
+            and c.get("status") != "skipped"
+            and re.search(focus, conformance.case_name(c))  # not the suite's own nodes
         )
 
 
@@ -165,8 +170,13 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     runs = [(p, m) for p, _, m in (r.partition(":") for r in a.runs.split(","))]
     if a.list:
+        if a.loadbalancer:
+            names = listed(LOADBALANCER, LOADBALANCER_SKIP)
+            print(f"# LoadBalancer tests with MetalLB: {len(names)} tests")
+            print("\n".join(names))
+            return 0
         for mode in dict.fromkeys(m for _, m in runs):
-            names = listed(mode, a.family)
+            names = listed(a.focus, skip_for(mode, a.family))
             print(f"# {mode} {a.family} ({job(mode, a.family)[0]}): {len(names)} tests")
             print("\n".join(names))
         return 0
@@ -196,6 +206,7 @@ def main(argv: list[str]) -> int:
             lambda mode: LOADBALANCER_SKIP,
             out,
             a.procs,
+            lambda mode: LOADBALANCER_CANNOT,
             suffix=f" {a.family}",
             privileged=True,
             prepare=metallb.install,

@@ -77,3 +77,11 @@ CANNOT_HERE: dict[str, str] = {
     "[sig-network] Netpol [LinuxOnly] NetworkPolicy between server and client using UDP should enforce policy to allow traffic only from a pod in a different namespace based on PodSelector and NamespaceSelector [Feature:NetworkPolicy]": _NETPOL,
     "[sig-network] Netpol [LinuxOnly] NetworkPolicy between server and client using UDP should support a 'default-deny-ingress' policy [Feature:NetworkPolicy]": _NETPOL,
 }
+
+# The LoadBalancer tests (--loadbalancer) MetalLB cannot serve, whatever the proxy does.
+LOADBALANCER_CANNOT: dict[str, str] = {
+    "[sig-network] LoadBalancers [Feature:LoadBalancer] should handle load balancer cleanup finalizer for service [Slow]": (
+        "waits for the finalizer service.kubernetes.io/load-balancer-cleanup, which a cloud "
+        "provider's service controller (k8s.io/cloud-provider) adds; MetalLB adds none"
+    ),
+}
