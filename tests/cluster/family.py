@@ -25,6 +25,13 @@ class Stack:
     service_cidr: str
     kubernetes_ip: str  # the first address of the Service range: the API server's Service
     dns_ip: str
+    # LoadBalancer addresses (MetalLB's pool) are on the lan, in ``lb_cidr``; the lan
+    # namespace reaches them from ``client_ip``, an address outside the nodes' network, as a
+    # client behind a router would (upstream's LoadBalancer tests take a client in the nodes'
+    # /16 or /64 for one whose address the proxy did not keep).
+    lb_range: tuple[str, str]
+    lb_cidr: str
+    client_ip: str
 
     @property
     def ipv6(self) -> bool:
@@ -36,6 +43,10 @@ class Stack:
 
     def node_ip(self, i: int) -> str:
         return self.lan_prefix + str(i + 2)
+
+    @property
+    def host_length(self) -> int:
+        return 128 if self.ipv6 else 32
 
     @property
     def default(self) -> str:
@@ -50,6 +61,9 @@ IPV4 = Stack(
     service_cidr="10.96.0.0/16",
     kubernetes_ip="10.96.0.1",
     dns_ip="10.96.0.10",
+    lb_range=("172.18.0.200", "172.18.0.250"),
+    lb_cidr="172.18.0.192/26",
+    client_ip="172.19.0.1",
 )
 IPV6 = Stack(
     lan_prefix="fd00:18::",
@@ -59,6 +73,9 @@ IPV6 = Stack(
     service_cidr="fd00:10:96::/112",
     kubernetes_ip="fd00:10:96::1",
     dns_ip="fd00:10:96::a",
+    lb_range=("fd00:18::200", "fd00:18::250"),
+    lb_cidr="fd00:18::200/120",
+    client_ip="fd00:19::1",
 )
 FAMILIES: dict[str, tuple[Stack, ...]] = {
     "ipv4": (IPV4,),

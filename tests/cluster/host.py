@@ -89,6 +89,10 @@ def make_network(stacks: Sequence[Stack], nodes: list[str]) -> None:
     for s in stacks:
         run("ip", "addr", "add", f"{s.lan_ip}/{s.lan_length}", "dev", "br0", *_nodad(s), ns=lan)
     run("ip", "link", "set", "br0", "up", ns=lan)
+    for s in stacks:  # the client outside the nodes' network, towards the LoadBalancer pool
+        client = f"{s.client_ip}/{s.host_length}"
+        run("ip", "addr", "add", client, "dev", "br0", *_nodad(s), ns=lan)
+        run("ip", "route", "add", s.lb_cidr, "dev", "br0", "src", s.client_ip, ns=lan)
     _forward(lan)
     for i, name in enumerate(nodes):
         ns = PREFIX + name

@@ -2,8 +2,9 @@
 its controller assigns each LoadBalancer Service an address from a pool on the nodes' own
 network, and its speaker, in layer-2 mode, answers ARP (IPv4) and neighbour solicitations
 (IPv6) for that address from one node. The lan namespace, where the control plane and e2e.test
-run, is the client outside the cluster: its packets to the address reach the announcing node,
-whose Service proxy takes them.
+run, is the client outside the cluster: its packets to the address, sent from an address
+outside the nodes' network (family.py: ``client_ip``), reach the announcing node, whose
+Service proxy takes them.
 
     python -m tests.cluster.metallb install     (on the cluster that is up, in its family)
     python -m tests.cluster.metallb remove
@@ -35,8 +36,8 @@ ARCHIVES = ("metallb-controller", "metallb-speaker")
 
 def pool_range(s: families.Stack) -> str:
     """The addresses MetalLB hands out in one family: the lan's .200 to .250 (IPv6: ::200 to
-    ::250), above the lan's router and nodes."""
-    return f"{s.lan_prefix}200-{s.lan_prefix}250"
+    ::250), above the lan's router and nodes (family.py: ``lb_range``)."""
+    return "-".join(s.lb_range)
 
 
 def manifests(fam: str) -> list[dict[str, Any]]:

@@ -202,7 +202,7 @@ def main(argv: list[str]) -> int:
             "network-e2e-loadbalancer",
             runs,
             a.family,
-            LOADBALANCER,
+            LOADBALANCER if a.focus == FOCUS else a.focus,
             lambda mode: LOADBALANCER_SKIP,
             out,
             a.procs,
