@@ -79,25 +79,12 @@ def manifests(fam: str) -> list[dict[str, Any]]:
 def _import_images() -> None:
     """The controller's and speaker's images on each node (a cluster brought up before they
     were built has not imported them at start)."""
-    for name in ARCHIVES:
-        archive = real.IMAGES / f"{name}.tar"
+    archives = [real.IMAGES / f"{name}.tar" for name in ARCHIVES]
+    for archive in archives:
         if not archive.exists():
             raise SystemExit(f"missing {archive}: run tests/cluster/images.sh")
-    holder = int(real._state()["holder"])
     for n in real.nodes():
-        for name in ARCHIVES:
-            host.inside(
-                holder,
-                n.netns,
-                str(real.NODE_BIN / "ctr"),
-                f"--address={n.sock}",
-                "-n",
-                "k8s.io",
-                "images",
-                "import",
-                str(real.IMAGES / f"{name}.tar"),
-                timeout=300,
-            )
+        n.import_images(real.holder(), real.NODE_BIN, archives)
 
 
 def install() -> None:

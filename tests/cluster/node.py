@@ -150,6 +150,22 @@ state = "{d}/state"
             indent=1,
         )
 
+    def import_images(self, holder: int, bins: Path, archives: list[Path]) -> None:
+        """Image archives into the node's containerd, where its kubelet finds them."""
+        for a in archives:
+            host.inside(
+                holder,
+                self.netns,
+                str(bins / "ctr"),
+                f"--address={self.sock}",
+                "-n",
+                "k8s.io",
+                "images",
+                "import",
+                str(a),
+                timeout=600,
+            )
+
     def start(self, holder: int, bins: Path, kubeconfig: Path, archives: list[Path]) -> list[int]:
         """containerd, the images, then the kubelet; returns their pids."""
         for d in ("containerd", "cni", "ipam", "pod-logs", "kubelet"):
@@ -194,19 +210,7 @@ state = "{d}/state"
                     f"{self.name}: containerd did not start; see {self.state}/containerd.log"
                 )
             time.sleep(0.2)
-        for a in archives:
-            host.inside(
-                holder,
-                self.netns,
-                str(bins / "ctr"),
-                f"--address={self.sock}",
-                "-n",
-                "k8s.io",
-                "images",
-                "import",
-                str(a),
-                timeout=600,
-            )
+        self.import_images(holder, bins, archives)
         (self.state / "kubelet.yaml").write_text(self.kubelet_config())
         pids.append(
             host.spawn(

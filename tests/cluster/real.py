@@ -184,6 +184,11 @@ def running() -> bool:
     return bool(st.get("holder")) and Path(f"/proc/{st['holder']}").exists()
 
 
+def holder() -> int:
+    """The process whose namespaces the running cluster's processes are started in."""
+    return int(_state()["holder"])
+
+
 def up(proxy: str = "pyproxy", mode: str = "iptables", fam: str = "ipv4") -> None:
     families.stacks(fam)  # an unknown family fails here, before anything is made
     if running():
@@ -460,9 +465,8 @@ def cleanup_ebpf(node: str) -> None:
     """What leaving ebpf mode takes on ``node``, as an operator does it (README "ebpf mode"):
     ``pyproxy cleanup --mode=ebpf`` in the node's namespace, with the node's flags. The base
     DaemonSet mounts no bpffs, so a pyproxy in another mode cannot unpin the programs."""
-    st = _state()
     host.inside(
-        int(st["holder"]),
+        holder(),
         host.PREFIX + node,
         str(ROOT / ".venv" / "bin" / "pyproxy"),
         "cleanup",

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(
 def _in_pool(ip: str) -> bool:
     a = ipaddress.ip_address(ip)
     for s in family.stacks(real.family()):
-        lo, hi = (ipaddress.ip_address(x) for x in metallb.pool_range(s).split("-"))
+        lo, hi = map(ipaddress.ip_address, s.lb_range)
         if a.version == lo.version and lo <= a <= hi:
             return True
     return False
